@@ -1,0 +1,51 @@
+"""Packaging for vissl-swav-plugin.
+
+Only the ``vissl_swav_plugin`` package is shipped (VISSL already owns the top-level
+``configs``/``tools``/``tests``/``hydra_plugins`` names).  The repository's ``configs/``
+tree travels inside the package as data (``vissl_swav_plugin/_configs``), and a
+``vissl_swav_plugin.pth`` start-up file is installed next to the package so that every
+Python process -- VISSL's stock launcher and the workers it spawns included -- registers
+our components as soon as it imports ``vissl`` (see ``vissl_swav_plugin/_autoload.py``).
+"""
+import os
+import shutil
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PTH = "vissl_swav_plugin.pth"
+
+
+class BuildPyWithPth(build_py):
+    """Copy the start-up .pth file and the configs tree into the build."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return  # editable installs: see get_outputs / the Makefile
+        shutil.copy(os.path.join(HERE, PTH), os.path.join(self.build_lib, PTH))
+        dst = os.path.join(self.build_lib, "vissl_swav_plugin", "_configs")
+        if os.path.exists(dst):
+            shutil.rmtree(dst)
+        shutil.copytree(os.path.join(HERE, "configs"), dst)
+
+    def get_outputs(self, include_bytecode=True):
+        outs = super().get_outputs(include_bytecode)
+        if not getattr(self, "editable_mode", False):
+            outs.append(os.path.join(self.build_lib, PTH))
+        return outs
+
+
+setup(
+    name="vissl-swav-plugin",
+    version="0.1.0",
+    description="SwAV, DeepCluster-v2 and SeLa-v2 as a plugin for VISSL",
+    packages=["vissl_swav_plugin"],
+    python_requires=">=3.9",
+    # Real requirements are installed by the Makefile (VISSL 0.1.6's own pins cannot
+    # install on Python 3.11); listed here for information and `pip check`.
+    install_requires=[],
+    cmdclass={"build_py": BuildPyWithPth},
+    zip_safe=False,
+)

@@ -1,0 +1,47 @@
+"""vissl-swav-plugin: SwAV (Caron et al. 2020), DeepCluster-v2 and SeLa-v2 for VISSL.
+
+Importing this package is cheap and touches neither VISSL nor torch.  Components are
+registered with VISSL's / Classy Vision's registries by :func:`register_all`, which runs
+automatically in every process that imports ``vissl`` (installed ``.pth`` hook, see
+``_autoload``) and may also be called explicitly.
+"""
+import importlib
+import logging
+import threading
+
+__version__ = "0.1.0"
+
+# Modules whose import registers components (losses, heads, hooks, transforms, ...).
+# Order matters only in that ``compat`` must come first.
+COMPONENT_MODULES = [
+    "vissl_swav_plugin.compat",
+    "vissl_swav_plugin.swav_loss",
+    "vissl_swav_plugin.heads",
+    "vissl_swav_plugin.hooks",
+    "vissl_swav_plugin.search_path",
+]
+
+_lock = threading.RLock()
+_registered = False
+
+
+def register_all() -> None:
+    """Apply the compatibility shims and register every plugin component (idempotent)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        _registered = True  # set first: component imports may re-enter via `import vissl`
+        try:
+            compat = importlib.import_module("vissl_swav_plugin.compat")
+            compat.apply_all()
+            for name in COMPONENT_MODULES[1:]:
+                importlib.import_module(name)
+        except BaseException:
+            _registered = False
+            raise
+        logging.getLogger(__name__).debug("vissl_swav_plugin %s registered", __version__)
+
+
+def is_registered() -> bool:
+    return _registered
