@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 # Order matters only in that ``compat`` must come first.
 COMPONENT_MODULES = [
     "vissl_swav_plugin.compat",
+    "vissl_swav_plugin.config_validation",
     "vissl_swav_plugin.swav_loss",
     "vissl_swav_plugin.heads",
     "vissl_swav_plugin.hooks",

@@ -1,0 +1,223 @@
+"""Training hooks of the plugin and their attachment to VISSL's hook generator.
+
+VISSL builds its hook list in ``vissl.hooks.default_hook_generator``, which calls the
+module-level ``vissl.hooks.add_loss_hooks(hooks, loss_cfg, cfg)``.  We wrap that function
+once (:func:`install`) so that, for a loss name registered with
+:func:`register_loss_hooks`, our hooks are appended right after VISSL's own loss hooks
+-- i.e. before VISSL's checkpoint hook, which matters for the queue gather.  Nothing else
+of VISSL's hook list changes, so VISSL's stock launcher and any custom launcher that uses
+``default_hook_generator`` get our hooks.
+
+SwAV hooks (config ``LOSS.swav_plugin_loss``):
+
+* :class:`SwAVAssignmentHook` -- hands the live prototype layers to the loss's Sinkhorn
+  assignment (the queue is scored with the current prototypes), switches the queue on at
+  epoch ``queue.start_epoch`` and gathers every rank's queue before a checkpoint.
+* :class:`FreezePrototypesHook` -- prototypes get no update (grad set to None, so neither
+  momentum nor weight decay moves them) for the first ``freeze_prototypes_niters``
+  iterations.  Parameters are found by module type, whatever DDP/FSDP prefix they carry.
+* :class:`NormalizePrototypesHook` -- L2-normalises each prototype after every update.
+"""
+import logging
+import os
+from typing import Callable, Dict, List
+
+import torch
+from classy_vision.hooks.classy_hook import ClassyHook
+
+from vissl_swav_plugin.heads import find_prototype_heads, prototype_parameters
+
+
+_LOSS_HOOK_FACTORIES: Dict[str, Callable] = {}
+
+
+def register_loss_hooks(loss_name: str):
+    """Decorator: ``factory(cfg) -> List[ClassyHook]`` added when ``LOSS.name == loss_name``."""
+
+    def deco(factory):
+        if loss_name in _LOSS_HOOK_FACTORIES and _LOSS_HOOK_FACTORIES[loss_name] is not factory:
+            raise ValueError(f"vissl_swav_plugin: hooks for loss '{loss_name}' already registered")
+        _LOSS_HOOK_FACTORIES[loss_name] = factory
+        return factory
+
+    return deco
+
+
+def hooks_for_config(cfg) -> List[ClassyHook]:
+    factory = _LOSS_HOOK_FACTORIES.get(cfg.LOSS.name)
+    return list(factory(cfg)) if factory else []
+
+
+def install() -> None:
+    import vissl.hooks as vh
+
+    if getattr(vh.add_loss_hooks, "_vissl_swav_plugin", False):
+        return
+    original = vh.add_loss_hooks
+
+    def add_loss_hooks(hooks, loss_cfg, cfg):
+        hooks = original(hooks, loss_cfg, cfg)
+        hooks.extend(hooks_for_config(cfg))
+        return hooks
+
+    add_loss_hooks._vissl_swav_plugin = True
+    add_loss_hooks.__wrapped__ = original
+    vh.add_loss_hooks = add_loss_hooks
+
+
+class _Hook(ClassyHook):
+    """A ClassyHook whose unimplemented events are no-ops."""
+
+    on_start = ClassyHook._noop
+    on_phase_start = ClassyHook._noop
+    on_forward = ClassyHook._noop
+    on_loss_and_meter = ClassyHook._noop
+    on_backward = ClassyHook._noop
+    on_update = ClassyHook._noop
+    on_step = ClassyHook._noop
+    on_phase_end = ClassyHook._noop
+    on_end = ClassyHook._noop
+
+
+def _plugin_heads(task):
+    heads = find_prototype_heads(task.model)
+    if not heads:
+        raise RuntimeError(
+            "vissl_swav_plugin: LOSS.name is swav_plugin_loss but the model has no "
+            "swav_plugin_head; set MODEL.HEAD.PARAMS=[[swav_plugin_head, {...}]]"
+        )
+    return heads
+
+
+class SwAVAssignmentHook(_Hook):
+    def __init__(self, queue_start_epoch: int, checkpoint_iter_frequency: int = 0):
+        super().__init__()
+        self.queue_start_epoch = int(queue_start_epoch)
+        self.checkpoint_iter_frequency = int(checkpoint_iter_frequency)
+
+    def _attach(self, task):
+        head = _plugin_heads(task)[0]
+        task.loss.set_prototypes(head.prototype_layers())
+
+    def on_start(self, task) -> None:
+        self._attach(task)
+
+    def on_phase_start(self, task) -> None:
+        if not task.train or not len(task.loss.queues):
+            return
+        epoch = task.train_phase_idx
+        active = epoch >= self.queue_start_epoch
+        if active and not task.loss.queue_active:
+            logging.info(f"SwAV queue starts at epoch {epoch} (queue.start_epoch={self.queue_start_epoch})")
+        task.loss.set_queue_active(active)
+
+    def on_forward(self, task) -> None:
+        self._attach(task)
+
+    def _gather(self, task):
+        for q in task.loss.queues:
+            q.gather_for_checkpoint()
+
+    def on_step(self, task) -> None:
+        f = self.checkpoint_iter_frequency
+        if task.train and len(task.loss.queues) and f > 0 and task.iteration % f == 0:
+            self._gather(task)
+
+    def on_phase_end(self, task) -> None:
+        if task.train and len(task.loss.queues):
+            self._gather(task)
+
+
+class FreezePrototypesHook(_Hook):
+    def __init__(self, niters: int):
+        super().__init__()
+        self.niters = int(niters)
+
+    def on_backward(self, task) -> None:
+        if task.iteration >= self.niters:
+            return
+        for p in prototype_parameters(task.model):
+            p.grad = None
+        if task.iteration + 1 == self.niters:
+            logging.info(f"Prototypes frozen until iteration {self.niters}; they train from now on")
+
+
+class NormalizePrototypesHook(_Hook):
+    """Re-normalise after every update; frozen prototypes (not updated) are left bit-exact."""
+
+    def __init__(self, frozen_niters: int = 0):
+        super().__init__()
+        self.frozen_niters = int(frozen_niters)
+
+    def on_update(self, task) -> None:
+        if task.iteration < self.frozen_niters:
+            return
+        for head in find_prototype_heads(task.model):
+            head.normalize_prototypes()
+
+
+class TraceHook(_Hook):
+    """Debug trace (env ``VISSL_SWAV_PLUGIN_TRACE_DIR``): one JSON line per event and rank
+    with the prototypes' checksum and norms and the queue state, to check freezing,
+    normalisation and queue behaviour of a real (multi-process) run from outside."""
+
+    def __init__(self, out_dir: str):
+        super().__init__()
+        self.out_dir = out_dir
+
+    def _write(self, task, event):
+        import json
+        import os
+
+        from vissl_swav_plugin.swav_loss import _rank
+
+        rec = {"event": event, "iteration": int(task.iteration), "epoch": int(task.train_phase_idx)}
+        protos = prototype_parameters(task.model)
+        if protos:
+            w = protos[0].detach().double()
+            rec["proto_sum"] = float(w.sum())
+            rec["proto_abs_sum"] = float(w.abs().sum())
+            rec["proto_norm_err"] = float((w.norm(dim=1) - 1).abs().max())
+        queues = getattr(task.loss, "queues", None)
+        if queues is not None and len(queues):
+            q = queues[0]
+            rec["queue_active"] = bool(q.active)
+            rec["queue_filled"] = int(q.filled)
+            rec["queue_sum"] = float(q.embeddings.double().sum())
+            rec["queue_abs_sum"] = float(q.embeddings.double().abs().sum())
+        if event == "update" and task.last_batch is not None and task.last_batch.loss is not None:
+            rec["loss"] = float(task.last_batch.loss)
+        os.makedirs(self.out_dir, exist_ok=True)
+        with open(os.path.join(self.out_dir, f"trace_rank{_rank()}.jsonl"), "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def on_start(self, task) -> None:
+        self._write(task, "start")
+
+    def on_update(self, task) -> None:
+        self._write(task, "update")
+
+    def on_phase_end(self, task) -> None:
+        if task.train:
+            self._write(task, "phase_end")
+
+
+@register_loss_hooks("swav_plugin_loss")
+def swav_hooks(cfg) -> List[ClassyHook]:
+    loss_cfg = cfg.LOSS["swav_plugin_loss"]
+    hooks: List[ClassyHook] = [
+        SwAVAssignmentHook(
+            loss_cfg.queue.start_epoch, cfg.CHECKPOINT.get("CHECKPOINT_ITER_FREQUENCY", 0)
+        )
+    ]
+    if int(loss_cfg.freeze_prototypes_niters) > 0:
+        hooks.append(FreezePrototypesHook(loss_cfg.freeze_prototypes_niters))
+    if loss_cfg.normalize_prototypes:
+        hooks.append(NormalizePrototypesHook(loss_cfg.freeze_prototypes_niters))
+    trace_dir = os.environ.get("VISSL_SWAV_PLUGIN_TRACE_DIR")
+    if trace_dir:
+        hooks.append(TraceHook(trace_dir))
+    return hooks
+
+
+install()

@@ -1,0 +1,282 @@
+"""The SwAV swapped-prediction loss (paper Sec. 3, Eq. 1-3 and the multi-crop loss of
+Sec. 3.2), registered as ``swav_plugin_loss``.
+
+For every prototype set ``h`` and every crop ``i`` in ``crops_for_assign`` (the global
+crops), codes ``q_i`` are computed by Sinkhorn-Knopp on that crop's scores (optionally
+extended with the queue of earlier embeddings, scored with the *current* prototypes),
+and predicted from every other crop ``v != i``::
+
+    L = mean_h mean_i  1/(V-1) sum_{v != i}  mean_b  -sum_k q_i[b,k] log softmax(s_v[b] / T)_k
+
+Implementation: one ``log_softmax`` over all crops at once, and the sum over ``v != i``
+as (sum over all crops) - (crop i), instead of one ``log_softmax`` per (i, v) pair.
+
+Model output expected (VISSL's ``swav_head`` / our ``swav_plugin_head`` format):
+``[embeddings (N x D), scores_0 (N x K_0), scores_1, ...]`` with ``N = num_crops * B``
+crop-major (crop 0 of every image, then crop 1, ...), as VISSL's multicrop collator
+produces.
+"""
+import logging
+import math
+import os
+import pprint
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from classy_vision.losses import ClassyLoss, register_loss
+
+from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
+
+LOSS_NAME = "swav_plugin_loss"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised when the loss or the codes are NaN/inf; the offending tensors are saved."""
+
+
+def swapped_prediction_loss(
+    scores: torch.Tensor,
+    codes: Sequence[torch.Tensor],
+    crops_for_assign: Sequence[int],
+    num_crops: int,
+    temperature: float,
+) -> torch.Tensor:
+    """Mean over assigned crops i of the cross-entropy of q_i against every other crop.
+
+    ``scores``: (num_crops * B) x K (crop-major); ``codes[j]``: B x K for crop
+    ``crops_for_assign[j]``.  Computed in the dtype of ``codes``.
+    """
+    n, K = scores.shape
+    bs = n // num_crops
+    logp = torch.log_softmax(scores.to(codes[0].dtype) / temperature, dim=1).view(num_crops, bs, K)
+    logp_sum = logp.sum(dim=0)  # B x K: sum over all crops
+    total = scores.new_zeros((), dtype=codes[0].dtype)
+    for q, i in zip(codes, crops_for_assign):
+        total = total - torch.sum(q * (logp_sum - logp[i])) / (bs * (num_crops - 1))
+    return total / len(crops_for_assign)
+
+
+class SwAVQueue(nn.Module):
+    """Per-rank FIFO of past embeddings of the assigned crops (paper: "Working with small
+    batches").  Rows ``[0, filled)`` are valid, newest first.  The queue stores embeddings,
+    not scores: scores are recomputed with the current prototypes at every step.
+
+    Checkpointing: VISSL writes ``loss.state_dict()`` from rank 0 only, so before a
+    checkpoint the hook calls :meth:`gather_for_checkpoint`, which collects every rank's
+    queue into rank 0's state; on load each rank takes back its own slice.
+    """
+
+    def __init__(self, num_assign_crops: int, local_length: int, dim: int):
+        super().__init__()
+        self.local_length = int(local_length)
+        self.register_buffer("embeddings", torch.zeros(num_assign_crops, self.local_length, dim))
+        self.register_buffer("filled", torch.zeros((), dtype=torch.long))
+        self.register_buffer("active", torch.zeros((), dtype=torch.bool))
+        # every rank's queue, collected right before a checkpoint is written (rank 0 saves)
+        self._gathered = None
+
+    def valid(self, j: int) -> torch.Tensor:
+        return self.embeddings[j, : int(self.filled)]
+
+    @torch.no_grad()
+    def push(self, new: Sequence[torch.Tensor]) -> None:
+        """Insert the newest embeddings (one B x D tensor per assigned crop) at the front."""
+        bs = new[0].shape[0]
+        if bs > self.local_length:
+            raise ValueError(
+                f"{LOSS_NAME}: queue.local_queue_length ({self.local_length}) is shorter than the "
+                f"batch per replica ({bs}); increase LOSS.{LOSS_NAME}.queue.queue_length"
+            )
+        emb = self.embeddings
+        emb[:, bs:] = emb[:, :-bs].clone()
+        for j, e in enumerate(new):
+            emb[j, :bs] = e.detach().to(emb.dtype)
+        self.filled.fill_(min(int(self.filled) + bs, self.local_length))
+
+    @torch.no_grad()
+    def gather_for_checkpoint(self) -> None:
+        """Collective: every rank must call it.  Rank 0's next state_dict holds all queues."""
+        world = _world()
+        if world == 1:
+            self._gathered = (self.embeddings.unsqueeze(0).clone(), self.filled.view(1).clone())
+            return
+        embs = [torch.empty_like(self.embeddings) for _ in range(world)]
+        fills = [torch.empty_like(self.filled.view(1)) for _ in range(world)]
+        dist.all_gather(embs, self.embeddings.contiguous())
+        dist.all_gather(fills, self.filled.view(1).contiguous())
+        self._gathered = (torch.stack(embs), torch.cat(fills))
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._gathered is not None:
+            destination[prefix + "all_ranks_embeddings"] = self._gathered[0]
+            destination[prefix + "all_ranks_filled"] = self._gathered[1]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        all_emb = state_dict.pop(prefix + "all_ranks_embeddings", None)
+        all_fill = state_dict.pop(prefix + "all_ranks_filled", None)
+        if all_emb is not None:
+            world, rank = _world(), _rank()
+            if all_emb.shape[0] != world:
+                raise ValueError(
+                    f"{LOSS_NAME}: the checkpoint holds the queues of {all_emb.shape[0]} processes but "
+                    f"this run has {world}; resume with the same world size or set "
+                    f"LOSS.{LOSS_NAME}.queue.queue_length=0"
+                )
+            state_dict[prefix + "embeddings"] = all_emb[rank].clone()
+            state_dict[prefix + "filled"] = all_fill[rank].clone().view(())
+            self._gathered = (all_emb.clone(), all_fill.clone())
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+@register_loss(LOSS_NAME)
+class SwAVPluginLoss(ClassyLoss):
+    """SwAV loss of vissl-swav-plugin (config: ``LOSS.swav_plugin_loss``; see the README)."""
+
+    def __init__(self, loss_config):
+        super().__init__()
+        cfg = loss_config
+        self.loss_config = cfg
+        self.temperature = float(cfg["temperature"])
+        self.epsilon = float(cfg["epsilon"])
+        self.num_iters = int(cfg["num_iters"])
+        self.crops_for_assign = [int(c) for c in cfg["crops_for_assign"]]
+        self.num_crops = int(cfg["num_crops"])
+        self.num_prototypes = [int(k) for k in cfg["num_prototypes"]]
+        self.embedding_dim = int(cfg["embedding_dim"])
+        self.use_double = bool(cfg.get("use_double_precision", False))
+        self.hard_assignment = bool(cfg.get("hard_assignment", False))
+        self.temp_hard_assignment_iters = int(cfg.get("temp_hard_assignment_iters", 0))
+        self.distributed_sinkhorn = bool(cfg.get("distributed_sinkhorn", True))
+        self.output_dir = str(cfg.get("output_dir", "."))
+        queue_cfg = cfg.get("queue", {}) or {}
+        self.queue_start_epoch = int(queue_cfg.get("start_epoch", 0))
+        local_len = int(queue_cfg.get("local_queue_length", 0) or 0)
+        self.queues = nn.ModuleList(
+            SwAVQueue(len(self.crops_for_assign), local_len, self.embedding_dim)
+            for _ in self.num_prototypes
+        ) if local_len > 0 else nn.ModuleList()
+        self.register_buffer("num_iteration", torch.zeros((), dtype=torch.long))
+        # set by SwAVAssignmentHook at every forward: the live prototype layers
+        self._prototypes: Optional[List[nn.Module]] = None
+
+    @classmethod
+    def from_config(cls, loss_config):
+        from vissl_swav_plugin.config_validation import validate_swav_loss_config
+
+        validate_swav_loss_config(loss_config, prefix=f"LOSS.{LOSS_NAME}")
+        return cls(loss_config)
+
+    # -- queue --------------------------------------------------------------------------
+    @property
+    def queue_active(self) -> bool:
+        return len(self.queues) > 0 and bool(self.queues[0].active)
+
+    def set_queue_active(self, active: bool) -> None:
+        for q in self.queues:
+            q.active.fill_(bool(active))
+
+    def set_prototypes(self, layers: Optional[List[nn.Module]]) -> None:
+        self._prototypes = layers
+
+    # -- forward ------------------------------------------------------------------------
+    def codes_for(self, scores: torch.Tensor, head_id: int, crop_slot: int, bs: int) -> torch.Tensor:
+        crop = self.crops_for_assign[crop_slot]
+        dtype = torch.float64 if self.use_double else torch.float32
+        with torch.no_grad():
+            s = scores[bs * crop : bs * (crop + 1)].detach()
+            if self.queue_active:
+                queue = self.queues[head_id].valid(crop_slot)
+                if queue.shape[0] > 0:
+                    if self._prototypes is None:
+                        raise RuntimeError(
+                            f"{LOSS_NAME}: the queue is active but no prototypes were attached; "
+                            "the SwAV assignment hook must run (use VISSL's default hook generator)"
+                        )
+                    w = self._prototypes[head_id].weight.detach()
+                    s = torch.cat([s.to(dtype), queue.to(dtype) @ w.to(dtype).t()])
+            hard = self.hard_assignment or int(self.num_iteration) < self.temp_hard_assignment_iters
+            q = sinkhorn_knopp(
+                s,
+                self.epsilon,
+                self.num_iters,
+                hard=hard,
+                dtype=dtype,
+                distributed=None if self.distributed_sinkhorn else False,
+            )
+        return q[:bs]
+
+    def forward(self, output, target=None):
+        if not isinstance(output, (list, tuple)) or len(output) < 2:
+            raise ValueError(
+                f"{LOSS_NAME} expects the head output [embeddings, scores_0, ...]; got "
+                f"{type(output).__name__} of length {len(output) if isinstance(output, (list, tuple)) else '-'}"
+            )
+        emb, all_scores = output[0], list(output[1:])
+        if len(all_scores) != len(self.num_prototypes):
+            raise ValueError(
+                f"{LOSS_NAME}: the head returned {len(all_scores)} score tensors but "
+                f"num_prototypes is {self.num_prototypes}"
+            )
+        n = all_scores[0].shape[0]
+        if n % self.num_crops:
+            raise ValueError(
+                f"{LOSS_NAME}: {n} rows of scores are not a multiple of num_crops={self.num_crops}"
+            )
+        bs = n // self.num_crops
+        loss = 0.0
+        for h, scores in enumerate(all_scores):
+            codes = [self.codes_for(scores, h, j, bs) for j in range(len(self.crops_for_assign))]
+            head_loss = swapped_prediction_loss(
+                scores, codes, self.crops_for_assign, self.num_crops, self.temperature
+            )
+            self._check_finite(head_loss, scores, codes, h)
+            loss = loss + head_loss
+        loss = loss / len(all_scores)
+        if self.queue_active:
+            for q in self.queues:
+                q.push([emb[bs * c : bs * (c + 1)] for c in self.crops_for_assign])
+        self.num_iteration += 1
+        return loss
+
+    def _check_finite(self, loss, scores, codes, head_id):
+        if torch.isfinite(loss) and all(torch.isfinite(q).all() for q in codes):
+            return
+        os.makedirs(self.output_dir, exist_ok=True)
+        path = os.path.join(
+            self.output_dir, f"nonfinite_rank{_rank()}_iter{int(self.num_iteration)}_head{head_id}.pth"
+        )
+        torch.save({"scores": scores.detach().cpu(), "codes": [q.cpu() for q in codes],
+                    "loss": loss.detach().cpu(), "iteration": int(self.num_iteration)}, path)
+        raise NonFiniteLossError(
+            f"{LOSS_NAME}: non-finite loss ({loss.item()}) or codes at iteration "
+            f"{int(self.num_iteration)}, head {head_id}; scores and codes saved to {path}"
+        )
+
+    def __repr__(self):
+        return pprint.pformat(
+            {
+                "name": type(self).__name__,
+                "registered_as": LOSS_NAME,
+                "temperature": self.temperature,
+                "epsilon": self.epsilon,
+                "num_iters": self.num_iters,
+                "num_crops": self.num_crops,
+                "crops_for_assign": self.crops_for_assign,
+                "num_prototypes": self.num_prototypes,
+                "queue_local_length": self.queues[0].local_length if len(self.queues) else 0,
+                "queue_start_epoch": self.queue_start_epoch,
+                "use_double_precision": self.use_double,
+            },
+            indent=2,
+        )

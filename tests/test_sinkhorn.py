@@ -1,0 +1,130 @@
+"""Sinkhorn-Knopp: against the paper's pseudo-code, VISSL's implementation, the
+equipartition constraint, 2 processes vs 1, and low-precision inputs."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
+
+
+def paper_sinkhorn(scores, eps=0.05, niters=3):
+    """Appendix A.1 pseudo-code, verbatim semantics (fp64)."""
+    Q = torch.exp(scores / eps).T
+    Q /= torch.sum(Q)
+    K, B = Q.shape
+    r, c = torch.ones(K, dtype=Q.dtype) / K, torch.ones(B, dtype=Q.dtype) / B
+    for _ in range(niters):
+        u = torch.sum(Q, dim=1)
+        Q *= (r / u).unsqueeze(1)
+        Q *= (c / torch.sum(Q, dim=0)).unsqueeze(0)
+    return (Q / torch.sum(Q, dim=0, keepdim=True)).T
+
+
+def cosine_scores(B, K, D=16, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.nn.functional.normalize(torch.randn(B, D, generator=g, dtype=dtype), dim=1)
+    c = torch.nn.functional.normalize(torch.randn(K, D, generator=g, dtype=dtype), dim=1)
+    return z @ c.T
+
+
+@pytest.mark.parametrize("B,K,iters,eps", [(64, 30, 3, 0.05), (17, 100, 1, 0.05), (256, 40, 5, 0.1)])
+def test_equals_paper_pseudocode(B, K, iters, eps):
+    s = cosine_scores(B, K)
+    ours = sinkhorn_knopp(s, eps, iters, dtype=torch.float64)
+    ref = paper_sinkhorn(s.clone(), eps, iters)
+    assert torch.allclose(ours, ref, atol=1e-12, rtol=0)
+
+
+def test_equals_vissl_builtin():
+    from vissl.losses.distibuted_sinkhornknopp import distributed_sinkhornknopp
+
+    s = cosine_scores(128, 50, seed=3)
+    Q = torch.exp(s / 0.05).t().clone()
+    theirs = distributed_sinkhornknopp(Q, num_iter=3, hard_assignment=False, world_size=1,
+                                       use_double_prec=True, use_gpu=False)
+    ours = sinkhorn_knopp(s, 0.05, 3, dtype=torch.float64).float()
+    assert torch.allclose(ours, theirs, atol=1e-6, rtol=0)
+
+
+def test_equipartition_marginals_converge():
+    """Both constraints of the transportation polytope hold at convergence (Eq. 4)."""
+    B, K = 120, 12
+    s = cosine_scores(B, K, seed=1)
+    q = sinkhorn_knopp(s, epsilon=0.3, num_iters=200, dtype=torch.float64)
+    assert torch.allclose(q.sum(1), torch.ones(B, dtype=q.dtype), atol=1e-12)  # each sample: 1
+    per_proto = q.sum(0) / B  # each prototype gets B/K samples
+    assert torch.allclose(per_proto, torch.full((K,), 1.0 / K, dtype=q.dtype), atol=1e-6)
+    # and three iterations already move a collapsed assignment towards equipartition
+    collapsed = s + torch.linspace(0, 0.5, K, dtype=s.dtype)  # everyone prefers the last prototype
+    naive = torch.softmax(collapsed / 0.05, dim=1).sum(0) / B
+    q3 = sinkhorn_knopp(collapsed, 0.05, 3, dtype=torch.float64).sum(0) / B
+    assert (q3 - 1.0 / K).abs().max() < 0.2 * (naive - 1.0 / K).abs().max()
+
+
+def test_hard_assignment_is_argmax_of_soft():
+    s = cosine_scores(50, 20, seed=2)
+    soft = sinkhorn_knopp(s, 0.05, 3)
+    hard = sinkhorn_knopp(s, 0.05, 3, hard=True)
+    assert torch.equal(hard.sum(1), torch.ones(50))
+    assert torch.equal(hard.argmax(1), soft.argmax(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_scores_give_finite_codes(dtype):
+    s = (cosine_scores(64, 30, seed=4) * 8).to(dtype)  # s/eps up to ~160: exp overflows
+    naive = torch.exp(s / 0.05)
+    assert not torch.isfinite(naive).all(), "test premise: the naive exp overflows in this dtype"
+    q = sinkhorn_knopp(s, 0.05, 3)
+    assert q.dtype == torch.float32 and torch.isfinite(q).all()
+    ref = paper_sinkhorn(s.double(), 0.05, 3)  # the same (rounded) scores in fp64
+    assert torch.allclose(q.double(), ref, atol=1e-5)
+
+
+def test_degenerate_scores_stay_finite():
+    s = torch.zeros(8, 5)
+    s[:, 0] = 1e4  # every sample overwhelmingly prefers prototype 0; others underflow
+    q = sinkhorn_knopp(s, 0.05, 3)
+    assert torch.isfinite(q).all() and torch.allclose(q.sum(1), torch.ones(8))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"epsilon": 0.0}, "epsilon"), ({"epsilon": -1.0}, "epsilon"),
+    ({"num_iters": 0}, "num_iters"), ({"dtype": torch.float16}, "dtype"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sinkhorn_knopp(torch.randn(4, 3), **kwargs)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, parts, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        codes = sinkhorn_knopp(parts[rank], 0.05, 3, dtype=torch.float64)
+        out[rank] = codes
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_equal_one_process_on_concatenated_batch():
+    s = cosine_scores(40, 25, seed=5)
+    parts = [s[:24].clone(), s[24:].clone()]  # unequal local batch sizes
+    manager = mp.get_context("spawn").Manager()
+    out = manager.dict()
+    mp.start_processes(_worker, args=(2, _free_port(), parts, out), nprocs=2, start_method="spawn")
+    two = torch.cat([out[0], out[1]])
+    one = sinkhorn_knopp(s, 0.05, 3, dtype=torch.float64)
+    assert torch.allclose(two, one, atol=1e-12)
+    # and it is not what each process would get on its own
+    alone = torch.cat([sinkhorn_knopp(p, 0.05, 3, dtype=torch.float64) for p in parts])
+    assert not torch.allclose(alone, one, atol=1e-6)

@@ -1,0 +1,407 @@
+"""Offline clustering for DeepCluster-v2 and SeLa-v2 (SwAV paper, appendix "Details on
+Clustering-Based methods").  Pure ``torch`` + ``torch.distributed``; nothing here knows
+about VISSL.
+
+Contents
+--------
+* :class:`MemoryBank` -- per-process bank of the previous epoch's embeddings, one bank per
+  crop in ``crops_for_mb``, every row tagged with its dataset sample index.  The rows of
+  all processes together form the bank of the whole dataset; each process keeps only its
+  own rows (the samples its data sampler gave it).  :meth:`MemoryBank.gather_snapshot`
+  collects all rows on one process (for checkpoints), :meth:`MemoryBank.load_snapshot`
+  re-shards a snapshot over the current processes (any world size).
+* :func:`spherical_kmeans` -- k-means with cosine similarity on L2-normalised rows,
+  distributed: the assignment (E) step is local, the per-centroid sums and counts are
+  all-reduced, so W processes compute the k-means of the concatenation of their rows.
+  Initialisation picks K *dataset indices* with a seeded generator and averages the rows
+  carrying them, so the result does not depend on how the rows are split over processes.
+  Empty clusters are re-seeded by splitting the largest cluster (faiss' strategy).
+* :func:`sela_assign` -- SeLa-v2 pseudo-labels: Sinkhorn-Knopp of bank scores against the
+  current prototypes under equipartition over the *whole* bank, via
+  :func:`vissl_swav_plugin.sinkhorn.sinkhorn_knopp` (its marginals are all-reduced).
+* :func:`gather_table` -- build the dataset-wide table ``index -> value`` from the rows of
+  all processes (deterministic when an index occurs more than once: last row wins).
+
+Why k-means in torch rather than faiss: faiss' ``Kmeans`` is single-process, so it would
+need the whole bank on one process (or every process) plus a broadcast; in torch the
+distributed version is one ``all_reduce`` of a K x (D+1) tensor per iteration, runs
+on the GPU that already holds the bank, and needs no extra dependency.
+"""
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
+
+IGNORE_INDEX = -100
+
+
+# --------------------------------------------------------------------------------------
+# distributed helpers
+# --------------------------------------------------------------------------------------
+def dist_active(distributed: Optional[bool] = None) -> bool:
+    if distributed is None:
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return bool(distributed)
+
+
+def world_size_and_rank(distributed: Optional[bool] = None) -> Tuple[int, int]:
+    if dist_active(distributed):
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _all_reduce_(t: torch.Tensor, op=None, distributed: Optional[bool] = None):
+    if dist_active(distributed):
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op)
+    return t
+
+
+def all_gather_rows(x: torch.Tensor, distributed: Optional[bool] = None) -> torch.Tensor:
+    """Concatenate (along dim 0, rank order) tensors whose first dimension differs per process."""
+    if not dist_active(distributed):
+        return x
+    world = dist.get_world_size()
+    n = torch.tensor([x.shape[0]], device=x.device, dtype=torch.long)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    sizes = [int(s.item()) for s in sizes]
+    m = max(sizes)
+    padded = x.new_zeros((m,) + tuple(x.shape[1:]))
+    padded[: x.shape[0]] = x
+    out = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(out, padded.contiguous())
+    return torch.cat([o[:s] for o, s in zip(out, sizes)], dim=0)
+
+
+def broadcast_(t: torch.Tensor, src: int = 0, distributed: Optional[bool] = None):
+    if dist_active(distributed):
+        dist.broadcast(t, src)
+    return t
+
+
+def gather_table(
+    ids: torch.Tensor,
+    values: torch.Tensor,
+    size: int,
+    fill=IGNORE_INDEX,
+    distributed: Optional[bool] = None,
+) -> torch.Tensor:
+    """Dataset-wide table ``T[size, *values.shape[1:]]`` with ``T[ids[i]] = values[i]``
+    over the rows of all processes; entries no process holds get ``fill``.  An index
+    held by several rows takes the value of the last one in rank-then-row order.
+    Every process receives the full table."""
+    if ids.shape[0] != values.shape[0]:
+        raise ValueError(f"gather_table: {ids.shape[0]} ids for {values.shape[0]} values")
+    all_ids = all_gather_rows(ids.to(torch.long), distributed)
+    all_vals = all_gather_rows(values, distributed)
+    table = torch.full((size,) + tuple(values.shape[1:]), fill, dtype=values.dtype, device=values.device)
+    if all_ids.numel() == 0:
+        return table
+    if int(all_ids.min()) < 0 or int(all_ids.max()) >= size:
+        raise ValueError(
+            f"gather_table: sample index out of range [0, {size}): "
+            f"min {int(all_ids.min())}, max {int(all_ids.max())}"
+        )
+    pos = torch.arange(all_ids.shape[0], device=all_ids.device)
+    last = torch.full((size,), -1, dtype=torch.long, device=all_ids.device)
+    last.scatter_reduce_(0, all_ids, pos, reduce="amax", include_self=True)
+    have = last >= 0
+    table[have] = all_vals[last[have]]
+    return table
+
+
+# --------------------------------------------------------------------------------------
+# memory bank
+# --------------------------------------------------------------------------------------
+class MemoryBank(torch.nn.Module):
+    """Embeddings of the previous epoch, ``num_banks`` x ``capacity`` x ``dim`` per process.
+
+    Rows are written in arrival order (:meth:`add`); ``indices[i]`` is the dataset sample
+    index of row ``i`` (-1: empty).  Rows are *not* cleared between epochs: an epoch
+    overwrites the rows it reaches, a row it does not reach keeps the older feature.
+    """
+
+    def __init__(self, num_banks: int, capacity: int, dim: int, dtype=torch.float32):
+        super().__init__()
+        if num_banks < 1 or capacity < 1 or dim < 1:
+            raise ValueError(
+                f"MemoryBank: num_banks ({num_banks}), capacity ({capacity}) and dim ({dim}) must be >= 1"
+            )
+        self.register_buffer("embeddings", torch.zeros(num_banks, capacity, dim, dtype=dtype))
+        self.register_buffer("indices", torch.full((capacity,), -1, dtype=torch.long))
+        self.ptr = 0
+
+    @property
+    def num_banks(self) -> int:
+        return self.embeddings.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.embeddings.shape[1]
+
+    @property
+    def dim(self) -> int:
+        return self.embeddings.shape[2]
+
+    def reset_pointer(self) -> None:
+        self.ptr = 0
+
+    @torch.no_grad()
+    def add(self, ids: torch.Tensor, embeddings: Sequence[torch.Tensor]) -> None:
+        """Write ``len(ids)`` rows; ``embeddings[j]`` ([n, dim]) goes to bank ``j``."""
+        n = int(ids.shape[0])
+        if len(embeddings) != self.num_banks:
+            raise ValueError(f"MemoryBank.add: {len(embeddings)} embeddings for {self.num_banks} banks")
+        if self.ptr + n > self.capacity:
+            raise RuntimeError(
+                f"MemoryBank overflow: {self.ptr} + {n} rows > capacity {self.capacity} per process. "
+                "The bank is sized ceil(num_train_samples / world_size); the data loader gave this "
+                "process more samples in one epoch than that (num_train_samples does not match the "
+                "training dataset, or the per-epoch pointer was not reset)."
+            )
+        s = slice(self.ptr, self.ptr + n)
+        self.indices[s] = ids.to(self.indices.device, torch.long)
+        for j, e in enumerate(embeddings):
+            if e.shape != (n, self.dim):
+                raise ValueError(f"MemoryBank.add: embedding {j} has shape {tuple(e.shape)}, expected {(n, self.dim)}")
+            self.embeddings[j, s] = e.detach().to(self.embeddings.dtype)
+        self.ptr += n
+
+    def valid_mask(self) -> torch.Tensor:
+        return self.indices >= 0
+
+    def num_valid(self, distributed: Optional[bool] = None) -> int:
+        """Number of filled rows over all processes."""
+        n = self.valid_mask().sum().reshape(1)
+        return int(_all_reduce_(n, distributed=distributed).item())
+
+    def local_rows(self, bank: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(ids [n], embeddings [n, dim]) of this process' filled rows of ``bank``."""
+        m = self.valid_mask()
+        return self.indices[m], self.embeddings[bank][m]
+
+    @torch.no_grad()
+    def gather_snapshot(self, dst: int = 0, distributed: Optional[bool] = None):
+        """All processes' filled rows, sorted by sample index (stable), on process ``dst``
+        (CPU tensors ``ids [M]`` and ``embeddings [num_banks, M, dim]``); ``None`` elsewhere.
+        Collective: every process must call it."""
+        m = self.valid_mask()
+        ids = self.indices[m]
+        emb = self.embeddings[:, m].transpose(0, 1).contiguous()  # [n, banks, dim]
+        all_ids = all_gather_rows(ids, distributed)
+        all_emb = all_gather_rows(emb, distributed)
+        _, rank = world_size_and_rank(distributed)
+        if rank != dst:
+            return None
+        order = torch.sort(all_ids, stable=True).indices
+        return all_ids[order].cpu(), all_emb[order].transpose(0, 1).contiguous().cpu()
+
+    @torch.no_grad()
+    def load_snapshot(self, ids: torch.Tensor, embeddings: torch.Tensor, distributed: Optional[bool] = None) -> int:
+        """Take this process' share (rows ``rank::world``) of a snapshot; returns rows kept."""
+        if embeddings.dim() != 3 or embeddings.shape[0] != self.num_banks or embeddings.shape[2] != self.dim:
+            raise ValueError(
+                f"memory bank snapshot has shape {tuple(embeddings.shape)}, expected "
+                f"[{self.num_banks} (len(crops_for_mb)), M, {self.dim} (embedding_dim)]"
+            )
+        if ids.shape[0] != embeddings.shape[1]:
+            raise ValueError(f"memory bank snapshot: {ids.shape[0]} indices for {embeddings.shape[1]} rows")
+        world, rank = world_size_and_rank(distributed)
+        mine = torch.arange(rank, ids.shape[0], world)
+        if mine.numel() > self.capacity:
+            raise ValueError(
+                f"memory bank snapshot holds {ids.shape[0]} rows, more than {world} processes x "
+                f"capacity {self.capacity} (num_train_samples smaller than in the checkpointed run?)"
+            )
+        n = mine.numel()
+        self.indices.fill_(-1)
+        self.embeddings.zero_()
+        self.indices[:n] = ids[mine].to(self.indices.device)
+        self.embeddings[:, :n] = embeddings[:, mine].to(self.embeddings.device, self.embeddings.dtype)
+        self.ptr = 0
+        return n
+
+
+# --------------------------------------------------------------------------------------
+# spherical k-means
+# --------------------------------------------------------------------------------------
+def _argmax_scores(x: torch.Tensor, centroids: torch.Tensor, chunk: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    best = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
+    best_s = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
+    for s in range(0, x.shape[0], chunk):
+        v, i = torch.mm(x[s : s + chunk], centroids.t()).max(dim=1)
+        best[s : s + chunk] = i
+        best_s[s : s + chunk] = v
+    return best, best_s
+
+
+@torch.no_grad()
+def spherical_kmeans(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    num_clusters: int,
+    num_iters: int = 10,
+    *,
+    id_space: Optional[int] = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    chunk_size: int = 8192,
+    distributed: Optional[bool] = None,
+):
+    """Distributed spherical k-means (SwAV paper appendix, Eq. "kmeans").
+
+    Args:
+        x: this process' rows [n, D] (normalised here).
+        ids: their sample indices [n] in ``[0, id_space)``; only used to choose the
+            initial centroids independently of how rows are split over processes.
+        num_clusters: K (<= number of distinct ids over all processes).
+        num_iters: number of (E, M) iterations; a final E step gives the assignments.
+        id_space: upper bound of ``ids`` (default: global max + 1).
+        seed: initialisation / re-seeding seed (same on every process).
+        dtype: computation dtype (float32 or float64).
+
+    Returns:
+        (centroids [K, D] normalised, identical on all processes,
+         assignments [n] (long) of this process' rows,
+         info dict: ``objective`` (mean cosine to assigned centroid), ``reseeded`` (count)).
+    """
+    if x.dim() != 2 or ids.dim() != 1 or ids.shape[0] != x.shape[0]:
+        raise ValueError(f"spherical_kmeans: x must be [n, D] and ids [n]; got {tuple(x.shape)}, {tuple(ids.shape)}")
+    K = int(num_clusters)
+    if K < 1:
+        raise ValueError(f"spherical_kmeans: num_clusters must be >= 1, got {num_clusters}")
+    if int(num_iters) < 0:
+        raise ValueError(f"spherical_kmeans: num_iters must be >= 0, got {num_iters}")
+    device = x.device
+    D = x.shape[1]
+    x = F.normalize(x.to(dtype), dim=1)
+    ids = ids.to(device=device, dtype=torch.long)
+    use_dist = dist_active(distributed)
+
+    # ---- id space and global presence of ids
+    if id_space is None:
+        mx = torch.tensor([int(ids.max()) + 1 if ids.numel() else 0], device=device, dtype=torch.long)
+        id_space = int(_all_reduce_(mx, dist.ReduceOp.MAX if use_dist else None, distributed).item())
+    present = torch.zeros(id_space, dtype=torch.int32, device=device)
+    if ids.numel():
+        if int(ids.min()) < 0 or int(ids.max()) >= id_space:
+            raise ValueError(f"spherical_kmeans: ids must lie in [0, {id_space})")
+        present[ids] = 1
+    _all_reduce_(present, dist.ReduceOp.MAX if use_dist else None, distributed)
+
+    # ---- initialisation: K distinct ids drawn with a seeded permutation (same everywhere)
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(seed))
+    perm = torch.randperm(id_space, generator=gen).to(device)
+    candidates = perm[present[perm] > 0]
+    if candidates.numel() < K:
+        raise ValueError(
+            f"spherical_kmeans: num_clusters ({K}) is larger than the number of distinct samples in "
+            f"the memory bank ({candidates.numel()}); reduce num_clusters"
+        )
+    slot = torch.full((id_space,), -1, dtype=torch.long, device=device)
+    slot[candidates[:K]] = torch.arange(K, device=device)
+    row_slot = slot[ids] if ids.numel() else ids
+    sel = row_slot >= 0
+    acc = torch.zeros(K, D + 1, dtype=dtype, device=device)
+    acc[:, :D].index_add_(0, row_slot[sel], x[sel])
+    acc[:, D].index_add_(0, row_slot[sel], torch.ones(int(sel.sum()), dtype=dtype, device=device))
+    _all_reduce_(acc, distributed=distributed)
+    centroids = F.normalize(acc[:, :D], dim=1)
+
+    reseeded = 0
+    assign = torch.zeros(x.shape[0], dtype=torch.long, device=device)
+    for it in range(int(num_iters) + 1):
+        assign, best = _argmax_scores(x, centroids, chunk_size)  # E step
+        if it == int(num_iters):
+            break
+        acc = torch.zeros(K, D + 1, dtype=dtype, device=device)  # M step
+        acc[:, :D].index_add_(0, assign, x)
+        acc[:, D] = torch.bincount(assign, minlength=K).to(dtype)
+        _all_reduce_(acc, distributed=distributed)
+        counts = acc[:, D].clone()
+        new = acc[:, :D]
+        nonempty = counts > 0
+        centroids = torch.where(nonempty.unsqueeze(1), F.normalize(new, dim=1), centroids)
+        empty = torch.nonzero(~nonempty).flatten().tolist()
+        if empty:
+            # split the largest cluster in two, along a seeded random direction orthogonal
+            # to its centroid (deterministic and identical on every process)
+            for k in empty:
+                j = int(torch.argmax(counts))
+                r = torch.randn(D, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+                c = centroids[j]
+                r = r - (r @ c) * c
+                r = F.normalize(r, dim=0) * (1.0 / 1024)
+                centroids[k] = F.normalize(c + r, dim=0)
+                centroids[j] = F.normalize(c - r, dim=0)
+                counts[k] = counts[j] / 2
+                counts[j] = counts[j] / 2
+                reseeded += 1
+    # objective: mean cosine of rows to their centroid, over all processes
+    stats = torch.stack([best.sum() if best.numel() else best.new_zeros(()), best.new_tensor(float(best.numel()))])
+    _all_reduce_(stats, distributed=distributed)
+    objective = float(stats[0] / stats[1].clamp_min(1))
+    return centroids, assign, {"objective": objective, "reseeded": reseeded}
+
+
+# --------------------------------------------------------------------------------------
+# SeLa-v2 assignment
+# --------------------------------------------------------------------------------------
+@torch.no_grad()
+def sela_assign(
+    x: torch.Tensor,
+    prototypes: torch.Tensor,
+    *,
+    epsilon: float = 0.05,
+    num_iters: int = 50,
+    hard: bool = True,
+    dtype: torch.dtype = torch.float32,
+    normalize: bool = True,
+    distributed: Optional[bool] = None,
+) -> torch.Tensor:
+    """Pseudo-labels of the bank rows ``x`` [n, D] (this process' share) against the
+    prototypes [K, D] under the equipartition constraint over the rows of *all*
+    processes (Sinkhorn-Knopp on scores ``x c^T``, entropic regularisation ``epsilon``).
+
+    Returns the labels [n] (long) if ``hard`` else the soft codes [n, K] (rows sum to 1).
+    """
+    if x.dim() != 2 or prototypes.dim() != 2 or x.shape[1] != prototypes.shape[1]:
+        raise ValueError(
+            f"sela_assign: x [n, D] and prototypes [K, D] expected, got {tuple(x.shape)} and {tuple(prototypes.shape)}"
+        )
+    x = x.to(dtype)
+    c = prototypes.detach().to(device=x.device, dtype=dtype)
+    if normalize:
+        x = F.normalize(x, dim=1)
+        c = F.normalize(c, dim=1)
+    scores = torch.mm(x, c.t())
+    codes = sinkhorn_knopp(scores, epsilon, num_iters, hard=False, dtype=dtype, distributed=distributed)
+    if hard:
+        return codes.argmax(dim=1)
+    return codes
+
+
+def split_evenly(n: int, world: int, rank: int) -> slice:
+    """Rows ``[start, stop)`` of process ``rank`` when n rows are split in ``world`` parts."""
+    per = int(math.ceil(n / world)) if world > 0 else n
+    start = min(n, rank * per)
+    return slice(start, min(n, start + per))
+
+
+__all__: List[str] = [
+    "IGNORE_INDEX",
+    "MemoryBank",
+    "all_gather_rows",
+    "broadcast_",
+    "dist_active",
+    "gather_table",
+    "sela_assign",
+    "spherical_kmeans",
+    "split_evenly",
+    "world_size_and_rank",
+]

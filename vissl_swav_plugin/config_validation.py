@@ -1,0 +1,180 @@
+"""Config inference and validation for the plugin's losses.
+
+VISSL fills in derived loss settings (number of crops, prototypes, queue length per
+process, ...) in ``vissl.utils.hydra_config.infer_losses_config``, called by
+``convert_to_attrdict`` when any launcher composes a config.  :func:`install` wraps that
+function so that, after VISSL's own inference, the inference registered here for our loss
+names runs too; it also *validates*: a wrong value raises :class:`ConfigError` naming the
+full key (``config.LOSS.swav_plugin_loss.epsilon must be > 0, got 0``) before any process
+is started.
+"""
+import numbers
+from typing import Callable, Dict
+
+_INFERENCE: Dict[str, Callable] = {}
+_CROP_COUNTERS: Dict[str, Callable] = {}
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the key."""
+
+
+def register_config_inference(loss_name: str):
+    """Decorator: ``fn(cfg)`` runs (after VISSL's inference) when ``LOSS.name == loss_name``."""
+
+    def deco(fn):
+        _INFERENCE[loss_name] = fn
+        return fn
+
+    return deco
+
+
+def register_crop_counter(transform_name: str):
+    """Decorator: ``fn(transform_cfg) -> int`` total crops produced by a multi-crop transform."""
+
+    def deco(fn):
+        _CROP_COUNTERS[transform_name] = fn
+        return fn
+
+    return deco
+
+
+def total_num_crops(cfg):
+    """Total number of crops the train transforms produce, or None if not multi-crop."""
+    for t in cfg.DATA.TRAIN.TRANSFORMS or []:
+        if "total_num_crops" in t:
+            return int(t["total_num_crops"])
+        counter = _CROP_COUNTERS.get(t.get("name"))
+        if counter is not None:
+            return int(counter(t))
+    return None
+
+
+def world_size_of(cfg) -> int:
+    return int(cfg.DISTRIBUTED.NUM_NODES) * int(cfg.DISTRIBUTED.NUM_PROC_PER_NODE)
+
+
+# -- small checkers, each naming the key --------------------------------------------------
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def require_positive_number(value, key):
+    if not _is_num(value) or not value > 0:
+        raise ConfigError(f"config.{key} must be a number > 0, got {value!r}")
+
+
+def require_int(value, key, minimum=0):
+    if not _is_int(value) or value < minimum:
+        raise ConfigError(f"config.{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def require_int_list(value, key, minimum=0, nonempty=True):
+    if not isinstance(value, (list, tuple)) or (nonempty and not value):
+        raise ConfigError(f"config.{key} must be a non-empty list of integers, got {value!r}")
+    for v in value:
+        if not _is_int(v) or v < minimum:
+            raise ConfigError(f"config.{key} must contain integers >= {minimum}, got {value!r}")
+
+
+def validate_swav_loss_config(lc, prefix="LOSS.swav_plugin_loss"):
+    """Checks on the loss config itself (also used by the loss's ``from_config``)."""
+    require_positive_number(lc.get("temperature"), f"{prefix}.temperature")
+    require_positive_number(lc.get("epsilon"), f"{prefix}.epsilon")
+    require_int(lc.get("num_iters"), f"{prefix}.num_iters", minimum=1)
+    require_int(lc.get("num_crops"), f"{prefix}.num_crops", minimum=2)
+    require_int_list(lc.get("num_prototypes"), f"{prefix}.num_prototypes", minimum=1)
+    require_int(lc.get("embedding_dim"), f"{prefix}.embedding_dim", minimum=1)
+    cfa = lc.get("crops_for_assign")
+    require_int_list(cfa, f"{prefix}.crops_for_assign")
+    n = lc["num_crops"]
+    bad = [c for c in cfa if c >= n]
+    if bad:
+        raise ConfigError(
+            f"config.{prefix}.crops_for_assign={list(cfa)} has crop indices {bad} outside "
+            f"[0, num_crops={n})"
+        )
+    if len(set(cfa)) != len(cfa):
+        raise ConfigError(f"config.{prefix}.crops_for_assign={list(cfa)} repeats a crop")
+    q = lc.get("queue", {}) or {}
+    require_int(q.get("queue_length", 0), f"{prefix}.queue.queue_length")
+    require_int(q.get("start_epoch", 0), f"{prefix}.queue.start_epoch")
+    require_int(lc.get("freeze_prototypes_niters", 0), f"{prefix}.freeze_prototypes_niters")
+    require_int(lc.get("temp_hard_assignment_iters", 0), f"{prefix}.temp_hard_assignment_iters")
+
+
+@register_config_inference("swav_plugin_loss")
+def infer_swav_plugin_loss(cfg):
+    prefix = "LOSS.swav_plugin_loss"
+    lc = cfg.LOSS.swav_plugin_loss
+    heads = cfg.MODEL.HEAD.PARAMS
+    if not heads or heads[-1][0] != "swav_plugin_head":
+        raise ConfigError(
+            f"config.MODEL.HEAD.PARAMS must end with a swav_plugin_head for {prefix}; "
+            f"got {[h[0] for h in heads] if heads else heads}"
+        )
+    head = heads[-1][1]
+    if "num_clusters" not in head or "dims" not in head:
+        raise ConfigError("config.MODEL.HEAD.PARAMS: swav_plugin_head needs 'dims' and 'num_clusters'")
+    lc.num_prototypes = list(head["num_clusters"])
+    lc.embedding_dim = int(head["dims"][-1])
+    crops = total_num_crops(cfg)
+    if crops is not None:
+        lc.num_crops = crops
+        if cfg.DATA.TRAIN.COLLATE_FUNCTION not in ("multicrop_collator", "multicrop_mixup_collator"):
+            raise ConfigError(
+                "config.DATA.TRAIN.COLLATE_FUNCTION must be multicrop_collator for a multi-crop "
+                f"transform, got {cfg.DATA.TRAIN.COLLATE_FUNCTION!r}"
+            )
+    from vissl.utils.checkpoint import get_checkpoint_folder
+
+    lc.output_dir = get_checkpoint_folder(cfg)
+    validate_swav_loss_config(lc, prefix)
+    # queue: global length, split evenly over processes
+    world = world_size_of(cfg)
+    bs = int(cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA)
+    qlen = int(lc.queue.queue_length)
+    if qlen > 0:
+        if qlen % world:
+            raise ConfigError(
+                f"config.{prefix}.queue.queue_length={qlen} is not divisible by the world size "
+                f"{world} (DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE)"
+            )
+        if qlen // world < bs:
+            raise ConfigError(
+                f"config.{prefix}.queue.queue_length={qlen} gives {qlen // world} entries per process, "
+                f"shorter than DATA.TRAIN.BATCHSIZE_PER_REPLICA={bs}"
+            )
+    lc.queue.local_queue_length = qlen // world
+    return cfg
+
+
+def install() -> None:
+    import vissl.utils.hydra_config as hc
+
+    if getattr(hc.infer_losses_config, "_vissl_swav_plugin", False):
+        return
+    original = hc.infer_losses_config
+
+    def infer_losses_config(cfg):
+        cfg = original(cfg) or cfg
+        fn = _INFERENCE.get(cfg.LOSS.name)
+        if fn is not None:
+            if cfg.LOSS.name not in cfg.LOSS:
+                raise ConfigError(
+                    f"config.LOSS.{cfg.LOSS.name} is missing: LOSS.name is {cfg.LOSS.name!r} but "
+                    "its parameter block is absent (use one of the plugin's configs)"
+                )
+            cfg = fn(cfg) or cfg
+        return cfg
+
+    infer_losses_config._vissl_swav_plugin = True
+    infer_losses_config.__wrapped__ = original
+    hc.infer_losses_config = infer_losses_config
+
+
+install()
