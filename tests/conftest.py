@@ -15,15 +15,10 @@ PLUGIN_LAUNCHER = REPO / "tools" / "run_distributed_engines.py"
 
 def run_launcher(overrides, cwd, launcher=STOCK_LAUNCHER, env=None, timeout=900, check=True):
     """Run a VISSL launcher in a fresh interpreter; returns CompletedProcess (stdout+stderr)."""
-    full_env = dict(os.environ)
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env.setdefault("MKL_NUM_THREADS", "1")
-    full_env["PYTHONUNBUFFERED"] = "1"
-    full_env.update(env or {})
     proc = subprocess.run(
         [sys.executable, str(launcher), *overrides],
         cwd=str(cwd),
-        env=full_env,
+        env=launcher_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -33,6 +28,70 @@ def run_launcher(overrides, cwd, launcher=STOCK_LAUNCHER, env=None, timeout=900,
         tail = "\n".join(proc.stdout.splitlines()[-80:])
         raise AssertionError(f"launcher failed (rc={proc.returncode}):\n{tail}")
     return proc
+
+
+def launcher_env(env=None):
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env.setdefault("MKL_NUM_THREADS", "1")
+    full_env["PYTHONUNBUFFERED"] = "1"
+    full_env.update(env or {})
+    return full_env
+
+
+def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER, env=None, timeout=600):
+    """Start a launcher, and kill its whole process group (a crash, as far as the run can
+    tell) as soon as ``marker`` appears in its output.  Returns the output so far."""
+    import signal
+    import time
+
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, str(launcher), *overrides], cwd=str(cwd),
+                                env=launcher_env(env), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.time() + timeout
+        try:
+            while time.time() < deadline:
+                text = Path(log_path).read_text()
+                if marker in text:
+                    break
+                if proc.poll() is not None:
+                    raise AssertionError(f"run ended before '{marker}':\n{text[-4000:]}")
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"'{marker}' not seen within {timeout}s")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return Path(log_path).read_text()
+
+
+def make_image_folder(root, classes=2, per_class=8, size=32, seed=0):
+    """A small ImageFolder of distinct random-texture PNGs: root/<class>/<i>.png."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    root = Path(root)
+    for c in range(classes):
+        (root / f"class{c}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            base = rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8)  # coarse colour blocks
+            img = np.kron(base, np.ones((size // 4, size // 4, 1), dtype=np.uint8))
+            img = np.clip(img.astype(int) + rng.integers(-20, 21, img.shape), 0, 255).astype(np.uint8)
+            Image.fromarray(img).save(root / f"class{c}" / f"{i}.png")
+    return root
+
+
+def folder_data_overrides(path, split="TRAIN", labels=False):
+    out = [f"config.DATA.{split}.DATA_SOURCES=[disk_folder]",
+           f"config.DATA.{split}.DATASET_NAMES=[plugin_test_folder]",
+           f"config.DATA.{split}.DATA_PATHS=[{path}]",
+           f"config.DATA.{split}.LABEL_PATHS=[{path}]"]
+    if labels:
+        out.append(f"config.DATA.{split}.LABEL_SOURCES=[disk_folder]")
+    return out
 
 
 def compose(overrides):

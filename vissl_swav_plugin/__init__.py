@@ -20,6 +20,10 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.heads",
     "vissl_swav_plugin.hooks",
     "vissl_swav_plugin.search_path",
+    "vissl_swav_plugin.deepcluster_v2",
+    "vissl_swav_plugin.sela_v2",
+    "vissl_swav_plugin.multicrop",
+    "vissl_swav_plugin.trunks",
 ]
 
 _lock = threading.RLock()

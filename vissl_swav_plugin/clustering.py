@@ -229,6 +229,47 @@ class MemoryBank(torch.nn.Module):
 # --------------------------------------------------------------------------------------
 # spherical k-means
 # --------------------------------------------------------------------------------------
+def _mean_rows_of_ids(x, ids, chosen, id_space, distributed):
+    """Normalised mean of the rows (over all processes) carrying each id of ``chosen``."""
+    m, D = chosen.numel(), x.shape[1]
+    slot = torch.full((id_space,), -1, dtype=torch.long, device=x.device)
+    slot[chosen] = torch.arange(m, device=x.device)
+    row_slot = slot[ids] if ids.numel() else ids
+    sel = row_slot >= 0
+    acc = torch.zeros(m, D + 1, dtype=x.dtype, device=x.device)
+    acc[:, :D].index_add_(0, row_slot[sel], x[sel])
+    acc[:, D].index_add_(0, row_slot[sel], torch.ones(int(sel.sum()), dtype=x.dtype, device=x.device))
+    _all_reduce_(acc, distributed=distributed)
+    return F.normalize(acc[:, :D], dim=1)
+
+
+def _kmeans_plus_plus(s: torch.Tensor, K: int, gen: torch.Generator) -> torch.Tensor:
+    """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007; ``2 + log K`` candidates per
+    step, the one lowering the potential most is kept, as in scikit-learn) of unit rows
+    ``s`` [m, D] with the squared chordal distance ``2 - 2 cos``; randomness from ``gen``."""
+    m = s.shape[0]
+    trials = 2 + int(math.log(K))
+    us = torch.rand(K, trials, generator=gen, dtype=torch.float64).to(s.device)
+    first = int(torch.randint(m, (1,), generator=gen))
+    chosen = [first]
+    best = (2 - 2 * (s @ s[first])).clamp_min_(0)
+    for k in range(1, K):
+        cs = torch.cumsum(best.double(), 0)
+        total = cs[-1]
+        if float(total) <= 0:  # every remaining row duplicates a chosen one
+            i = int(torch.randint(m, (1,), generator=gen))
+            chosen.append(i)
+            continue
+        cand = torch.searchsorted(cs, us[k] * total).clamp_(max=m - 1)  # [trials]
+        d = (2 - 2 * (s[cand] @ s.t())).clamp_min_(0)  # [trials, m]
+        pot = torch.minimum(d, best.unsqueeze(0)).double().sum(dim=1)
+        j = int(torch.argmin(pot))
+        i = int(cand[j])
+        chosen.append(i)
+        best = torch.minimum(best, d[j])
+    return s[torch.tensor(chosen, device=s.device)].clone()
+
+
 def _argmax_scores(x: torch.Tensor, centroids: torch.Tensor, chunk: int) -> Tuple[torch.Tensor, torch.Tensor]:
     best = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
     best_s = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
@@ -250,6 +291,9 @@ def spherical_kmeans(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     chunk_size: int = 8192,
+    init: str = "kmeans++",
+    kmeanspp_oversample: int = 32,
+    init_centroids: Optional[torch.Tensor] = None,
     distributed: Optional[bool] = None,
 ):
     """Distributed spherical k-means (SwAV paper appendix, Eq. "kmeans").
@@ -263,6 +307,10 @@ def spherical_kmeans(
         id_space: upper bound of ``ids`` (default: global max + 1).
         seed: initialisation / re-seeding seed (same on every process).
         dtype: computation dtype (float32 or float64).
+        init: ``"kmeans++"`` (default): k-means++ seeding on a sample of
+            ``kmeanspp_oversample * K`` rows (gathered on every process, chosen by sample
+            index); ``"random"``: K random rows (the reference implementation's choice).
+        init_centroids: explicit [K, D] initial centroids (overrides ``init``).
 
     Returns:
         (centroids [K, D] normalised, identical on all processes,
@@ -293,25 +341,31 @@ def spherical_kmeans(
         present[ids] = 1
     _all_reduce_(present, dist.ReduceOp.MAX if use_dist else None, distributed)
 
-    # ---- initialisation: K distinct ids drawn with a seeded permutation (same everywhere)
+    # ---- initialisation from K (random) or oversample*K (k-means++) distinct ids drawn
+    # with a seeded permutation: the same on every process, whatever the row split
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(seed))
-    perm = torch.randperm(id_space, generator=gen).to(device)
-    candidates = perm[present[perm] > 0]
-    if candidates.numel() < K:
-        raise ValueError(
-            f"spherical_kmeans: num_clusters ({K}) is larger than the number of distinct samples in "
-            f"the memory bank ({candidates.numel()}); reduce num_clusters"
-        )
-    slot = torch.full((id_space,), -1, dtype=torch.long, device=device)
-    slot[candidates[:K]] = torch.arange(K, device=device)
-    row_slot = slot[ids] if ids.numel() else ids
-    sel = row_slot >= 0
-    acc = torch.zeros(K, D + 1, dtype=dtype, device=device)
-    acc[:, :D].index_add_(0, row_slot[sel], x[sel])
-    acc[:, D].index_add_(0, row_slot[sel], torch.ones(int(sel.sum()), dtype=dtype, device=device))
-    _all_reduce_(acc, distributed=distributed)
-    centroids = F.normalize(acc[:, :D], dim=1)
+    if init_centroids is not None:
+        if tuple(init_centroids.shape) != (K, D):
+            raise ValueError(f"spherical_kmeans: init_centroids must be {(K, D)}, got {tuple(init_centroids.shape)}")
+        centroids = F.normalize(init_centroids.to(device=device, dtype=dtype), dim=1)
+    else:
+        perm = torch.randperm(id_space, generator=gen).to(device)
+        candidates = perm[present[perm] > 0]
+        if candidates.numel() < K:
+            raise ValueError(
+                f"spherical_kmeans: num_clusters ({K}) is larger than the number of distinct samples in "
+                f"the memory bank ({candidates.numel()}); reduce num_clusters"
+            )
+        if init == "random":
+            centroids = _mean_rows_of_ids(x, ids, candidates[:K], id_space, distributed)
+        elif init == "kmeans++":
+            m = min(candidates.numel(), max(K, int(kmeanspp_oversample) * K))
+            sample = _mean_rows_of_ids(x, ids, candidates[:m], id_space, distributed)
+            centroids = _kmeans_plus_plus(sample, K, gen)
+        else:
+            raise ValueError(f"spherical_kmeans: init must be 'random' or 'kmeans++', got {init!r}")
+    centroids = broadcast_(centroids.contiguous(), 0, distributed)
 
     reseeded = 0
     assign = torch.zeros(x.shape[0], dtype=torch.long, device=device)
@@ -386,13 +440,6 @@ def sela_assign(
     return codes
 
 
-def split_evenly(n: int, world: int, rank: int) -> slice:
-    """Rows ``[start, stop)`` of process ``rank`` when n rows are split in ``world`` parts."""
-    per = int(math.ceil(n / world)) if world > 0 else n
-    start = min(n, rank * per)
-    return slice(start, min(n, start + per))
-
-
 __all__: List[str] = [
     "IGNORE_INDEX",
     "MemoryBank",
@@ -402,6 +449,5 @@ __all__: List[str] = [
     "gather_table",
     "sela_assign",
     "spherical_kmeans",
-    "split_evenly",
     "world_size_and_rank",
 ]
