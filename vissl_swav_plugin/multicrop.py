@@ -28,29 +28,34 @@ Example (``DATA.TRAIN.TRANSFORMS``; the paper's 2x224 + 6x96 recipe)::
 
 Why it is faster than VISSL's chain (``ImgPilToMultiCrop`` + ``RandomHorizontalFlip`` +
 ``ImgPilColorDistortion`` + ``ImgPilGaussianBlur`` + ``ToTensor`` + ``Normalize``) while
-computing the same operations:
+computing the same operations (see ``benchmarks/bench_multicrop.py``):
 
 * all random numbers of an image come from one numpy call; crop boxes are sampled for all
-  crops at once (torchvision's ``RandomResizedCrop`` rule, vectorised);
-* crop + resize is one PIL ``resize(box=...)`` call (no intermediate cropped copy);
+  crops at once (torchvision's ``RandomResizedCrop`` rule, vectorised) and the per-crop
+  work runs without per-op Python dispatch (VISSL wraps each op of each crop);
+* crop + resize is one PIL ``resize(box=...)`` call;
 * brightness, contrast and saturation are affine maps of the RGB values; consecutive ops
-  are composed into one 3x4 matrix and applied in a single PIL ``convert(matrix=...)``
-  pass.  An op can only leave [0, 255] (and need clipping) when its factor is > 1, so
-  the matrix is applied ("materialised", with clipping) exactly there, which keeps the
-  result equal to applying the ops one by one with clipping.  The contrast mean is
-  computed from the composed map and one histogram instead of a grayscale copy.  Random
-  grayscale folds into the same pass (``convert("L", matrix)``) and the image stays
-  single-channel until the tensor conversion;
+  are composed into one 3x4 matrix and applied in a single C pass (PIL ``point`` with a
+  lookup table when the map treats all channels alike, ``convert(matrix=...)``
+  otherwise).  An op can only leave [0, 255] (and need clipping) when its factor is > 1,
+  so the map is applied ("materialised", with clipping) exactly there, which keeps the
+  result equal to applying the ops one by one with clipping (and rounding instead of
+  truncating, so it is closer to the exact result than torchvision's PIL ops).  The
+  contrast mean comes from the composed map and a box-reduced copy instead of a
+  grayscale copy + histogram.  Random grayscale folds into the same pass
+  (``convert("L", matrix)``) and the crop stays single-channel until the tensor step;
 * hue is one HSV round trip with a lookup table on the H band (no numpy split/merge);
-* flip, uint8 -> float conversion and normalisation happen in one strided copy per crop
-  plus one in-place affine op per crop size.
+* flip, uint8 -> float conversion and normalisation are one strided copy per crop plus
+  one in-place affine op per crop size.
 
 The Gaussian blur follows SimCLR: sigma ~ U(blur_sigma), kernel of ``blur_kernel_frac``
 (10%) of the crop size, i.e. radius ``r = int(frac * size) // 2``.  When ``r == 0`` (crops
-< 20 px) there is no blur, as in SimCLR.  When the kernel is small (``r <= 2``) and would
-cut the Gaussian (``3 sigma > r``) the exact truncated, renormalised kernel is applied; in
-every other case PIL's Gaussian blur (as used by VISSL and the SwAV code) is used, which
-equals the truncated kernel up to the (< 1%) tails whenever ``3 sigma <= r``.
+< 20 px) there is no blur, as in SimCLR; for sigma <= 0.25 the exact Gaussian changes no
+pixel by more than 0.17 levels, so it is skipped.  When the kernel is small (``r <= 2``)
+and would cut the Gaussian (``3 sigma > r``) the exact truncated, renormalised kernel is
+applied; otherwise PIL's Gaussian blur (the op VISSL and the SwAV code use) is used,
+which equals the truncated kernel up to the (< 1%) tails whenever ``3 sigma <= r``
+(for ``r >= 3`` and ``3 sigma > r`` the tails beyond ``r`` are not cut).
 """
 import logging
 import math
@@ -238,8 +243,11 @@ def _materialize(im: Image.Image, A) -> Image.Image:
 
 
 def _channel_means(im: Image.Image):
-    """Per-channel means of an RGB image (one C pass: box-reduce to a single pixel)."""
-    return im.reduce((im.width, im.height)).getpixel((0, 0))
+    """Per-channel means of an RGB image: one C pass (box-reduce to >= 8x8 pixels, whose
+    rounding errors average out), then a tiny numpy mean."""
+    f = max(1, min(im.width, im.height) // 8)
+    small = im.reduce(f) if f > 1 else im
+    return np.frombuffer(small.tobytes(), np.uint8).reshape(-1, 3).mean(axis=0).tolist()
 
 
 def color_jitter(
@@ -561,6 +569,7 @@ class MultiCropPlugin(ClassyTransform):
     def from_config(cls, config: Dict[str, Any]) -> "MultiCropPlugin":
         config = dict(config)
         config.pop("name", None)
+        config.pop("indices", None)  # handled by VISSL's SSLTransformsWrapper
         unknown = sorted(set(config) - _KNOWN_KEYS)
         if unknown:
             raise MultiCropConfigError(
