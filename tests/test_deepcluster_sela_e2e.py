@@ -270,3 +270,49 @@ def test_prototype_heads(runs):
             assert torch.equal(protos(runs["b1"], h), runs["b1"]["loss"][f"centroids{h}"])
         else:
             assert not torch.allclose(p0, p1), "SeLa-v2 prototypes are learned"
+
+
+# ------------------------------------------------------------------ real images (opt-in)
+SLOW = os.environ.get("VISSL_SWAV_PLUGIN_SLOW_TESTS") == "1"
+KNN_METHODS = {
+    "dc": ("pretrain/deepcluster_v2/deepclusterv2_quick_cpu", "deepclusterv2_plugin_head"),
+    "sela": ("pretrain/sela_v2/selav2_quick_cpu", "swav_plugin_head"),
+}
+
+
+@pytest.mark.skipif(not SLOW, reason="opt-in (VISSL_SWAV_PLUGIN_SLOW_TESTS=1): two 20-epoch trainings, "
+                                     "~2 min each on 2 idle cores, longer than the suite's budget")
+@pytest.mark.parametrize("method", sorted(KNN_METHODS))
+def test_knn_beats_random_init_on_fashion_mnist(method, tmp_path):
+    """1000 Fashion-MNIST training images (100 per class, 32 px), 20 epochs, 2 processes;
+    20-NN top-1 on 1000 test images of the trunk's features vs the same trunk at
+    random init (measured: DC-v2 71.0 / SeLa-v2 70.0 vs 66.2, one seed each)."""
+    import subprocess
+    import sys
+
+    from _helpers_clustering import knn_accuracy
+    from conftest import REPO
+
+    data = tmp_path / "fm"
+    subprocess.run([sys.executable, str(REPO / "tools" / "prepare_fashion_mnist.py"), "--out", str(data),
+                    "--limit-per-class", "100", "--size", "32", "--rgb", "--format", "folder"], check=True)
+    cfg_name, head = KNN_METHODS[method]
+    over = [
+        f"config={cfg_name}",
+        "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", "config.DATA.TRAIN.DATASET_NAMES=[fashion_mnist_folder]",
+        f"config.DATA.TRAIN.DATA_PATHS=[{data / 'train'}]", f"config.DATA.TRAIN.LABEL_PATHS=[{data / 'train'}]",
+        "config.DATA.TRAIN.DATA_LIMIT=-1", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32",
+        "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.WIDTH=16",
+        f"config.MODEL.HEAD.PARAMS=[[{head},{{dims:[128,128,32],use_bn:True,num_clusters:[10,10,10]}}]]",
+        "config.OPTIMIZER.num_epochs=20", "config.OPTIMIZER.use_larc=True",
+        "+config.OPTIMIZER.larc_config={clip:False,trust_coefficient:0.001,eps:1e-8}",
+        "config.OPTIMIZER.param_schedulers.lr={name:cosine,start_value:1.2,end_value:0.0012,update_interval:step}",
+        "config.LOG_FREQUENCY=50",
+    ]
+    ckdir = tmp_path / "ck"
+    run_launcher(over + [f"config.CHECKPOINT.DIR={ckdir}"], cwd=tmp_path, timeout=1800)
+    cfg = compose(over)
+    random_init = knn_accuracy(cfg, data / "train", data / "val")
+    trained = knn_accuracy(cfg, data / "train", data / "val", ckdir / "model_final_checkpoint_phase19.torch")
+    print(f"{method}: kNN top-1 trained {trained:.3f} vs random init {random_init:.3f}")
+    assert trained >= random_init + 0.02

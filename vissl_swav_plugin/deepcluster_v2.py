@@ -3,13 +3,20 @@
 Registered components
 ---------------------
 * loss ``deepclusterv2_plugin_loss`` (:class:`DeepClusterV2PluginLoss`)
-* head ``deepclusterv2_plugin_head``: VISSL's ``swav_head`` (projection MLP, L2-normalised
-  embedding, one linear prototype layer per clustering) whose prototype weights are
-  created with ``requires_grad=False``, so DDP and the optimizer never touch them.  At
-  the start of every epoch the hook copies the k-means centroids into them: the
-  centroids *are* the (frozen) classification head, as in the paper.
-* hooks :class:`MemoryClusteringHook`, attached automatically (for this loss and for
-  ``selav2_plugin_loss``) by wrapping ``vissl.hooks.add_loss_hooks``.
+* head ``deepclusterv2_plugin_head``: the plugin's ``swav_plugin_head`` (projection MLP,
+  L2-normalised embedding, one linear prototype layer per clustering) whose prototype
+  weights are created with ``requires_grad=False``, so DDP and the optimizer never touch
+  them.  At the start of every epoch the hook copies the k-means centroids into them
+  (found by parameter name ``...prototypes<h>.weight``, whatever DDP prefix): the
+  centroids *are* the frozen classification head, as in the paper.  A head without
+  prototypes (e.g. ``mlp``) also works: the loss then scores against its own centroids.
+* hook :class:`MemoryClusteringHook` (for this loss and ``selav2_plugin_loss``), attached
+  through :func:`vissl_swav_plugin.hooks.register_loss_hooks`; config inference and
+  checks through :func:`vissl_swav_plugin.config_validation.register_config_inference`.
+
+Sample indices come from VISSL's ``data_idx`` of each batch (handed to the loss by the
+hook's ``on_forward``), so labelled datasets work too; the multicrop collator orders
+rows crop-major, which the loss checks on the first batch.
 
 Pipeline (one epoch ``e``)
 --------------------------
@@ -20,8 +27,13 @@ every dataset sample.  ``forward``: cross-entropy between ``softmax(z^T c / tau)
 the pseudo-labels over all crops, averaged over clusterings; the normalised embeddings
 of ``crops_for_mb`` are written to the memory bank (no extra forward pass).
 ``on_phase_end``: the bank rows of all processes are gathered on the primary process so
-the loss' ``state_dict`` (checkpointed by VISSL) holds the full bank; a resumed run
-re-shards it over its processes and clusters it again at the next epoch start.
+the loss' ``state_dict`` (checkpointed by VISSL, which saves on the primary process only)
+holds the full bank, the pseudo-label table and the centroids; a resumed run re-shards
+the bank over its processes (any world size) and clusters it at the next epoch start.
+A mid-epoch (iteration) checkpoint restores the running epoch's pseudo-labels as they
+were; the bank it carries is the previous epoch's and is overwritten as the resumed
+epoch proceeds, so the next clustering sees some one-epoch-older features, and samples
+seen only before the interruption may stay unlabelled (ignored) for one epoch.
 
 The shared machinery (memory bank, hooks, checkpoint state, config validation) lives in
 :class:`MemoryBankClusteringLoss`; SeLa-v2 (``sela_v2.py``) only changes the
@@ -244,7 +256,7 @@ class MemoryBankClusteringLoss(ClassyLoss):
             raise ValueError(f"{self.name}: {R} output rows are not a multiple of {num_crops} crops")
         B = R // num_crops
         if max(self.crops_for_mb) >= num_crops:
-            self._bad("crops_for_mb", f"{self.crops_for_mb} refers to a crop >= the {num_crops} crops of a sample")
+            self._bad("crops_for_mb", f"={self.crops_for_mb} refers to a crop >= the {num_crops} crops of a sample")
         if not self._checked_batch:
             v = ids.view(num_crops, B)
             if not bool((v == v[:1]).all()):
@@ -279,10 +291,9 @@ class MemoryBankClusteringLoss(ClassyLoss):
     def head_loss(self, h: int, scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         logits = scores.float() / self.temperature
         labels = self.assignments[h][ids]
-        valid = labels != C.IGNORE_INDEX
-        n = int(valid.sum())
-        if n == 0:  # no pseudo-label yet (epoch 0 without initial pass): no gradient
-            return logits.sum() * 0.0
+        # mean over the rows that have a pseudo-label (none yet: loss 0, zero gradient);
+        # no host sync
+        n = (labels != C.IGNORE_INDEX).sum().clamp_min(1)
         return F.cross_entropy(logits, labels, ignore_index=C.IGNORE_INDEX, reduction="sum") / n
 
     # ------------------------------------------------------------------ hooks
@@ -298,7 +309,7 @@ class MemoryBankClusteringLoss(ClassyLoss):
                 )
         total = total_num_crops(task.config)
         if total is not None and max(self.crops_for_mb) >= int(total):
-            self._bad("crops_for_mb", f"{self.crops_for_mb} refers to a crop >= total_num_crops ({total})")
+            self._bad("crops_for_mb", f"={self.crops_for_mb} refers to a crop >= the {total} crops of the train transforms")
         self.check_model(task.base_model)
         if self.memory.num_valid() == 0 and self.init_memory_pass and "train" in task.dataloaders:
             self.init_memory(task)
@@ -324,8 +335,8 @@ class MemoryBankClusteringLoss(ClassyLoss):
             if tuple(p.shape) != (self.num_clusters[h], self.embedding_dim):
                 self._bad(
                     "num_clusters",
-                    f"/embedding_dim expect {name} of shape {(self.num_clusters[h], self.embedding_dim)}, "
-                    f"the model has {tuple(p.shape)}",
+                    f"={self.num_clusters} and embedding_dim={self.embedding_dim} expect {name} of shape "
+                    f"{(self.num_clusters[h], self.embedding_dim)}, the model has {tuple(p.shape)}",
                 )
             if self.PROTOTYPES_TRAINABLE is False and p.requires_grad:
                 raise ValueError(
@@ -350,7 +361,7 @@ class MemoryBankClusteringLoss(ClassyLoss):
             ids = batch["data_idx"][0].view(-1)
             nc = len(crops)
             if max(self.crops_for_mb) >= nc:
-                self._bad("crops_for_mb", f"{self.crops_for_mb} refers to a crop >= the {nc} crops of a sample")
+                self._bad("crops_for_mb", f"={self.crops_for_mb} refers to a crop >= the {nc} crops of a sample")
             B = ids.shape[0] // nc
             inp = [crops[c].to(device, non_blocking=True) for c in self.crops_for_mb]
             emb = _embedding_of(model(inp if len(inp) > 1 else inp[0]))

@@ -108,11 +108,8 @@ class SeLaV2PluginLoss(MemoryBankClusteringLoss):
             return super().head_loss(h, scores, ids)
         logp = F.log_softmax(scores.float() / self.temperature, dim=1)
         q = self.soft_codes(h)[ids]
-        valid = self.assignments[h][ids] != C.IGNORE_INDEX
-        n = int(valid.sum())
-        if n == 0:
-            return logp.sum() * 0.0
-        return -(q[valid] * logp[valid]).sum() / n
+        valid = (self.assignments[h][ids] != C.IGNORE_INDEX).to(logp.dtype)
+        return -((q * logp).sum(dim=1) * valid).sum() / valid.sum().clamp_min(1)
 
     @torch.no_grad()
     def after_update(self, task):
