@@ -19,6 +19,12 @@ $VENV/bin/python -c "import importlib.metadata as m; assert m.version('vissl') =
 $VENV/bin/python -c "import importlib.metadata as m; assert m.version('classy-vision') == '0.7.0'" 2>/dev/null \
   || $PIP install -q --no-deps --force-reinstall classy-vision==0.7.0
 $PIP install -q -r requirements-host.txt
+# Real data for the demo and the real-image tests: Fashion-MNIST from Debian's archive.
+if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && command -v apt-get >/dev/null; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist) \
+    || echo "warning: could not install dataset-fashion-mnist (real-data tests will be skipped, make demo will fail)" >&2
+fi
 # The plugin itself, editable (the repository's code and configs are used directly), plus
 # the start-up .pth that registers it in every process importing vissl (a wheel install,
 # `pip install .`, ships the same .pth and a copy of configs/ by itself).

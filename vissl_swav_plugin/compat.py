@@ -28,8 +28,10 @@ Shims (in the order they are applied):
     missing apex module; without apex it now converts to PyTorch SyncBatchNorm.  (On CPU,
     VISSL itself keeps plain per-process BatchNorm because SyncBatchNorm is GPU only.)
 ``shim_extract_features_on_cpu``
-    ``SelfSupervisionTrainer.extract`` / ``extract_clusters`` assert ``MACHINE.DEVICE=gpu``
-    and move every batch with ``.cuda()``; they now run on the task's device.
+    ``SelfSupervisionTrainer.extract`` / ``extract_clusters`` (engines ``extract_features``
+    and ``extract_cluster``) assert ``MACHINE.DEVICE=gpu`` and move every batch with
+    ``.cuda()``; ``vissl.utils.distributed_utils.all_gather_sizes`` /
+    ``all_gather_heterogeneous`` allocate on ``cuda``.  They now run on the task's device.
 ``shim_deepclusterv2_on_cpu``
     ``vissl.losses.deepclusterv2_loss.DeepClusterV2Loss.init_memory`` / ``cluster_memory``
     call ``.cuda()``; they now run on the device of the loss' memory bank.
@@ -44,9 +46,9 @@ Shims (in the order they are applied):
     ``classy_vision.dataset.transforms.autoaugment``.  Those modules (and only those) get
     a module-local ``np`` that supplies the old names; NumPy itself is not touched.
 ``shim_svm_ap_scalar``
-    ``vissl.utils.svm_utils.evaluate.calculate_ap`` returns a size-1 array which VISSL's
-    SVM trainers store with ``ap_matrix[c][0] = ap`` -- an error in NumPy >= 2.4; it now
-    returns a Python float.
+    ``vissl.utils.svm_utils.evaluate`` returns the AP as a size-1 array which VISSL's SVM
+    trainers (``svm_trainer``, ``svm_low_shot_trainer``) store with
+    ``ap_matrix[c][0] = ap`` -- an error in NumPy >= 2.4; the trainers now get a float.
 ``shim_trusted_torch_load``
     ``vissl.utils.cluster_utils.ClusterAssignmentLoader.load_cluster_assigment`` reads the
     file VISSL's own extract_cluster engine wrote (it holds the run's AttrDict config) and
@@ -69,9 +71,12 @@ Shims (in the order they are applied):
     ``VISSL_SWAV_PLUGIN_FLUSH_DENORMAL=0`` to keep denormals).
 
 Checked and found working on this stack (no shim): Hydra 1.3 composition of VISSL's
-configs (``defaults: [_self_, config: ???]``), ``pkg_resources`` (setuptools < 70 is
-pinned), fairscale imports, ``np.bool`` (re-added in NumPy 2), the other VISSL/Classy
-transforms, VISSL checkpoints under ``weights_only=True``.
+configs (``defaults: [_self_, config: ???]``; keys VISSL lacks need ``+``), ``pkg_resources``
+(setuptools < 70 is pinned), fairscale 0.3.7 imports, ``np.bool`` (re-added in NumPy 2),
+``torch.cuda.amp`` (deprecated, still there), the other VISSL/Classy transforms, VISSL
+training checkpoints under ``weights_only=True``, every VISSL/Classy module imports.
+On CPU VISSL never converts BatchNorm to SyncBatchNorm (GPU-only in PyTorch): with
+``CONVERT_BN_TO_SYNC_BN=True`` a CPU run keeps per-process BatchNorm statistics.
 
 Environment: ``VISSL_SWAV_PLUGIN_COMPAT_SKIP=name1,name2`` (or ``all``) leaves the named
 shims out (for tests and bisecting); ``VISSL_SWAV_PLUGIN_DISABLE=1`` switches the whole
@@ -116,16 +121,21 @@ def shim_names() -> List[str]:
 
 
 def _skipped() -> set:
+    """Names in VISSL_SWAV_PLUGIN_COMPAT_SKIP that are shims of this module.
+
+    Other plugin modules (e.g. ``eval_compat``) read the same variable for their own
+    shims, so names unknown here are not an error; they are logged in case of a typo."""
     raw = os.environ.get(SKIP_ENV, "")
     names = {s.strip() for s in raw.split(",") if s.strip()}
     if "all" in names:
         return set(shim_names())
     unknown = names - set(shim_names())
     if unknown:
-        raise ValueError(
-            f"{SKIP_ENV} names unknown shim(s) {sorted(unknown)}; known: {shim_names()}"
+        logger.info(
+            "%s: %s are not shims of vissl_swav_plugin.compat (known: %s)",
+            SKIP_ENV, sorted(unknown), shim_names(),
         )
-    return names
+    return names & set(shim_names())
 
 
 def apply_all() -> None:
@@ -199,7 +209,7 @@ def disabled(*names: str):
     with _lock:
         undone = []
         for name in names:
-            if name not in shim_names():
+            if name not in shim_names() and name not in _PATCHES:
                 raise ValueError(f"unknown shim {name!r}; known: {shim_names()}")
             for owner, attr, orig, repl in reversed(_PATCHES.get(name, [])):
                 if _raw(owner, attr) is repl:
@@ -752,6 +762,43 @@ def shim_extract_features_on_cpu():
 
     _patch(name, Trainer, "extract_clusters", extract_clusters)
 
+    # vissl/utils/distributed_utils.py, all_gather_sizes / all_gather_heterogeneous (used by
+    # _merge_cluster_assignments): buffers made with device=torch.device("cuda", ...).
+    # For CPU tensors: same results, buffers on the tensor's device (padded gather, so it
+    # also works with gloo).
+    from vissl.utils import distributed_utils as du
+
+    orig_sizes = _raw(du, "all_gather_sizes")
+    orig_hetero = _raw(du, "all_gather_heterogeneous")
+
+    @functools.wraps(orig_sizes)
+    def all_gather_sizes(x):
+        if x.is_cuda:
+            return orig_sizes(x)
+        import torch.distributed as dist
+
+        sizes = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=x.device)
+        sizes[dist.get_rank()] = x.shape[0]
+        dist.all_reduce(sizes)
+        return [int(s) for s in sizes.tolist()]
+
+    @functools.wraps(orig_hetero)
+    def all_gather_heterogeneous(sizes, x):
+        if x.is_cuda:
+            return orig_hetero(sizes, x)
+        import torch.distributed as dist
+
+        longest = max(sizes)
+        padded = torch.zeros((longest, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        padded[: x.shape[0]] = x
+        gathered = [torch.empty_like(padded) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, padded)
+        return [g[:n] for g, n in zip(gathered, sizes)]
+
+    for owner in (du, tm):
+        _patch(name, owner, "all_gather_sizes", all_gather_sizes)
+        _patch(name, owner, "all_gather_heterogeneous", all_gather_heterogeneous)
+
 
 @shim
 def shim_deepclusterv2_on_cpu():
@@ -873,21 +920,26 @@ def shim_numpy2_removed_aliases():
 
 @shim
 def shim_svm_ap_scalar():
-    # vissl/utils/svm_utils/evaluate.py, calculate_ap returns `ap` as a shape-(1,) array;
-    # SVMTrainer.test does `ap_matrix[cls_num][0] = ap` (and the low-shot trainer likewise),
-    # which NumPy >= 2.4 rejects ("setting an array element with a sequence").
-    def patch(evaluate):
-        orig = _raw(evaluate, "calculate_ap")
+    # vissl/utils/svm_utils/svm_trainer.py, SVMTrainer.test (and svm_low_shot_trainer.py,
+    # SVMLowShotTrainer.test): `ap_matrix[cls_num][0] = ap` where get_precision_recall's
+    # `ap` is a shape-(1,) array (vissl/utils/svm_utils/evaluate.py, calculate_ap);
+    # NumPy >= 2.4 rejects it ("setting an array element with a sequence").  Fixed at
+    # these call sites (the trainers' own `get_precision_recall` name): MeanAPMeter, the
+    # other caller, indexes `ap[0]` and keeps the array.
+    def patch(trainer_module):
+        orig = _raw(trainer_module, "get_precision_recall")
 
         @functools.wraps(orig)
-        def calculate_ap(rec, prec):
+        def get_precision_recall(*args, **kwargs):
             import numpy as np
 
-            return float(np.asarray(orig(rec, prec), dtype=np.float64).reshape(-1)[0])
+            P, R, score, ap = orig(*args, **kwargs)
+            return P, R, score, float(np.asarray(ap, dtype=np.float64).reshape(-1)[0])
 
-        _patch("shim_svm_ap_scalar", evaluate, "calculate_ap", calculate_ap)
+        _patch("shim_svm_ap_scalar", trainer_module, "get_precision_recall", get_precision_recall)
 
-    _after_import("vissl.utils.svm_utils.evaluate", patch)
+    for name in ("vissl.utils.svm_utils.svm_trainer", "vissl.utils.svm_utils.svm_low_shot_trainer"):
+        _after_import(name, patch)
 
 
 # --------------------------------------------------------------------------------------
@@ -1023,21 +1075,30 @@ class _DictSlot:
 # --------------------------------------------------------------------------------------
 # 7. CPU speed
 # --------------------------------------------------------------------------------------
+def flush_denormals_for(cfg) -> bool:
+    """Flush denormal floats to zero for a CPU run (unless VISSL_SWAV_PLUGIN_FLUSH_DENORMAL=0)."""
+    import torch
+
+    if cfg["MACHINE"]["DEVICE"] != "cpu" or os.environ.get(FLUSH_DENORMAL_ENV, "1") == "0":
+        return False
+    if torch.set_flush_denormal(True):
+        logging.info("CPU run: denormal floats are flushed to zero (%s=0 to keep them)", FLUSH_DENORMAL_ENV)
+        return True
+    return False
+
+
 @shim
 def shim_cpu_flush_denormal():
     # vissl/trainer/trainer_main.py, SelfSupervisionTrainer.__init__ (every engine builds
     # one in each worker): on CPU, denormal floats (e.g. BatchNorm over near-constant crops
     # of small images) make backward passes 10-50x slower.  Flush them to zero on CPU runs.
-    import torch
     from vissl.trainer import trainer_main as tm
 
     orig_init = _raw(tm.SelfSupervisionTrainer, "__init__")
 
     @functools.wraps(orig_init)
     def __init__(self, cfg, *args, **kwargs):
-        if cfg["MACHINE"]["DEVICE"] == "cpu" and os.environ.get(FLUSH_DENORMAL_ENV, "1") != "0":
-            if torch.set_flush_denormal(True):
-                logging.info("CPU run: denormal floats are flushed to zero (%s=0 to keep them)", FLUSH_DENORMAL_ENV)
+        flush_denormals_for(cfg)
         return orig_init(self, cfg, *args, **kwargs)
 
     _patch("shim_cpu_flush_denormal", tm.SelfSupervisionTrainer, "__init__", __init__)
