@@ -77,13 +77,20 @@ def sinkhorn_knopp(
     B, K = scores.shape
     tiny = torch.finfo(dtype).tiny
 
-    logits = scores.detach().to(dtype) / epsilon
-    row_max = logits.max(dim=1, keepdim=True).values if B > 0 else logits.new_zeros(0, 1)
+    s = scores.detach()
+    if torch.promote_types(s.dtype, dtype) != dtype:  # e.g. float64 scores, float32 compute
+        s = s.to(dtype)
+    inv_eps = 1.0 / float(epsilon)
+    # row maxima of S / eps, taken on S (eps > 0): no B x K temporary for S / eps
+    if B > 0:
+        row_max = torch.amax(s, dim=1, keepdim=True).to(dtype).mul_(inv_eps)
+    else:
+        row_max = torch.zeros(0, 1, dtype=dtype, device=s.device)
     # global max and global sample count, reduced together in one message
     stats = torch.stack(
         [
-            row_max.max() if B > 0 else logits.new_tensor(float("-inf")),
-            logits.new_tensor(float(B)),
+            row_max.max() if B > 0 else row_max.new_tensor(float("-inf")),
+            row_max.new_tensor(float(B)),
         ]
     )
     if use_dist:
@@ -93,7 +100,10 @@ def sinkhorn_knopp(
     else:
         global_max, n_total = stats[0], stats[1]
 
-    P = torch.exp_(logits.sub_(row_max))  # B x K, each row's max entry is exactly 1
+    # P = exp(S / eps - row_max) in `dtype`: one fused pass (low-precision scores are
+    # upcast inside it) writes P, one exponentiates it in place; each row's max entry is 1
+    # (to an ulp: the shift is folded into the fused multiply-add)
+    P = torch.add(row_max.neg(), s, alpha=inv_eps).exp_()
     v = torch.exp(row_max.squeeze(1) - global_max)  # initial column scaling, in (0, 1]
     r = 1.0 / K
     c = 1.0 / n_total

@@ -1,0 +1,47 @@
+"""Helpers of test_reliability.py and test_bad_inputs.py (a plain module: tests/ is no package)."""
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from conftest import STOCK_LAUNCHER, launcher_env
+
+
+class Run:
+    def __init__(self, returncode, stdout):
+        self.returncode, self.stdout = returncode, stdout
+
+
+def run_failing_launcher(overrides, cwd, env=None, timeout=600):
+    """VISSL's stock launcher in its own session, output to a file; afterwards every
+    process left in that session is killed.  When one rank fails, torch's spawn SIGTERMs
+    the other, and that rank's forkserver and DataLoader worker then keep each other alive
+    forever (the worker watches its parent, the forkserver; the forkserver waits for the
+    worker): a caller reading the output through a pipe would wait for them forever."""
+    log = Path(cwd) / f"launcher_{uuid.uuid4().hex[:8]}.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, str(STOCK_LAUNCHER), *overrides], cwd=str(cwd),
+                                env=launcher_env(env), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return Run(rc, log.read_text())
+
+
+def snapshot(folder):
+    """name -> sha1 of every file (symlinks by target), to show nothing was lost."""
+    out = {}
+    for p in sorted(Path(folder).rglob("*")):
+        if p.is_symlink():
+            out[str(p.relative_to(folder))] = "->" + os.readlink(p)
+        elif p.is_file():
+            out[str(p.relative_to(folder))] = hashlib.sha1(p.read_bytes()).hexdigest()
+    return out

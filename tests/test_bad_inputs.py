@@ -1,0 +1,318 @@
+"""Bad input catalogue: every case gets an error naming the key or the file (or is handled
+as documented), and nothing already written is lost.
+
+Config values are checked when VISSL composes the config (in-process, like the launchers);
+datasets through VISSL's own ``build_dataset`` (the dataset of a real run); checkpoints
+through VISSL's own ``CheckpointLoader`` (the resume / weights-init entry points) and,
+end to end, through VISSL's stock launcher with 2 processes."""
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from _helpers_reliability import run_failing_launcher, snapshot
+from conftest import compose, folder_data_overrides, make_image_folder, run_launcher
+
+QUICK = "config=test/swav_plugin/quick_cpu"
+L = "config.LOSS.swav_plugin_loss"
+SMALL = [
+    QUICK,
+    "config.MODEL.TRUNK.NAME=resnet_small_plugin",
+    "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
+    "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+    "config.DATA.TRAIN.DATA_LIMIT=-1",
+]
+
+
+# --------------------------------------------------------------------------------------
+# config values and types (ConfigError names the full key); complements test_config_errors
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("override,key", [
+    (f"{L}.epsilon=abc", "epsilon"),
+    (f"{L}.epsilon=null", "epsilon"),
+    (f"{L}.epsilon=nan", "epsilon"),
+    (f"{L}.temperature=true", "temperature"),  # a bool is not a number
+    (f"{L}.crops_for_assign=3", "crops_for_assign"),  # an int, not a list
+    (f"{L}.crops_for_assign=[a,b]", "crops_for_assign"),
+    (f"{L}.crops_for_assign=[]", "crops_for_assign"),
+    (f"{L}.num_iters=1.5", "num_iters"),
+    (f"{L}.num_iters=3.0", "num_iters"),  # a float where an int is required
+    (f"{L}.queue.queue_length=abc", "queue.queue_length"),
+    (f"{L}.queue.start_epoch=0.5", "queue.start_epoch"),
+    (f"{L}.freeze_prototypes_niters=1.5", "freeze_prototypes_niters"),
+    (f"{L}.temp_hard_assignment_iters=-1", "temp_hard_assignment_iters"),
+    ("config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[2048,16]}]]", "MODEL.HEAD.PARAMS"),
+])
+def test_bad_config_value_names_the_key(override, key):
+    from vissl_swav_plugin.config_validation import ConfigError
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        compose([QUICK, override])
+
+
+def test_world_size_not_dividing_the_queue_names_key_and_world_size():
+    from vissl_swav_plugin.config_validation import ConfigError
+
+    with pytest.raises(ConfigError, match=r"queue\.queue_length=16 is not divisible by the world size 3"):
+        compose([QUICK, "config.DISTRIBUTED.NUM_PROC_PER_NODE=3"])
+
+
+# Found by this catalogue, not yet rejected (config_validation.py belongs to the SwAV core;
+# reported).  strict: the day they are fixed these tests fail and the marks must go.
+@pytest.mark.xfail(strict=True, reason="config_validation accepts a non-boolean use_double_precision")
+def test_non_boolean_flag_is_rejected():
+    from vissl_swav_plugin.config_validation import ConfigError
+
+    with pytest.raises(ConfigError, match="use_double_precision"):
+        compose([QUICK, f"{L}.use_double_precision=maybe"])
+
+
+@pytest.mark.xfail(strict=True, reason="config_validation accepts epsilon=inf (uniform codes)")
+def test_infinite_epsilon_is_rejected():
+    from vissl_swav_plugin.config_validation import ConfigError
+
+    with pytest.raises(ConfigError, match="epsilon"):
+        compose([QUICK, f"{L}.epsilon=inf"])
+
+
+@pytest.mark.xfail(strict=True, reason="num_clusters given as an int raises a bare TypeError")
+def test_num_clusters_not_a_list_names_the_key():
+    from vissl_swav_plugin.config_validation import ConfigError
+
+    with pytest.raises(ConfigError, match="num_clusters"):
+        compose([QUICK, "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[2048,16],num_clusters:20}]]"])
+
+
+# --------------------------------------------------------------------------------------
+# datasets (VISSL's build_dataset, as in a run)
+# --------------------------------------------------------------------------------------
+def build(path):
+    from vissl.data import build_dataset
+
+    return build_dataset(compose([QUICK, "config.DATA.TRAIN.DATA_LIMIT=-1"] + folder_data_overrides(path)), "TRAIN")
+
+
+def test_missing_dataset_path_names_key_and_path(tmp_path):
+    from vissl_swav_plugin.data_safety import DatasetError
+
+    missing = tmp_path / "no_such_dir"
+    with pytest.raises(DatasetError, match=rf"config\.DATA\.TRAIN\.DATA_PATHS.*{missing}.*does not exist"):
+        build(missing)
+
+
+def test_empty_dataset_folder_names_key_and_path(tmp_path):
+    from vissl_swav_plugin.data_safety import DatasetError
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match=rf"DATA_PATHS.*{tmp_path / 'empty'}.*holds no images"):
+        build(tmp_path / "empty")
+
+
+def test_class_folders_without_images_name_the_path(tmp_path):
+    from vissl_swav_plugin.data_safety import DatasetError
+
+    (tmp_path / "d" / "class0").mkdir(parents=True)
+    (tmp_path / "d" / "class0" / "notes.txt").write_text("not an image")
+    with pytest.raises(DatasetError, match=rf"{tmp_path / 'd'}.*holds no images"):
+        build(tmp_path / "d")
+
+
+def _corrupt(kind, path):
+    good = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    if kind == "random_bytes_jpg":
+        path.write_bytes(os.urandom(3000))
+    elif kind == "truncated_jpg":
+        good.save(path, format="JPEG", quality=95)
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3])
+    elif kind == "truncated_png":
+        good.save(path, format="PNG")
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    elif kind == "text_as_png":
+        path.write_text("this is not an image\n")
+    elif kind == "empty_jpg":
+        path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("kind,name", [
+    ("random_bytes_jpg", "bad.jpg"), ("truncated_jpg", "cut.jpg"), ("truncated_png", "cut.png"),
+    ("text_as_png", "notes.png"), ("empty_jpg", "zero.jpg"),
+])
+def test_unreadable_image_raises_naming_the_file(tmp_path, kind, name):
+    from vissl_swav_plugin.data_safety import BadImageError
+
+    root = make_image_folder(tmp_path / "imgs", classes=1, per_class=2)
+    bad = root / "class0" / name
+    _corrupt(kind, bad)
+    before = snapshot(root)
+    ds = build(root)
+    idx = next(i for i, (p, _) in enumerate(ds.data_objs[0].image_dataset.samples) if p == str(bad))
+    with pytest.raises(BadImageError, match=rf"cannot read image file {bad} "):
+        ds[idx]
+    ok = ds[1 - idx if idx < 2 else 0]  # a good image of the same dataset still loads
+    assert all(v == 1 for v in ok["data_valid"])
+    assert snapshot(root) == before
+
+
+def test_vissl_substitution_kept_on_request(tmp_path, monkeypatch, caplog):
+    """VISSL's documented fallback (gray substitute image, data_valid=-1, a warning naming
+    the file) with VISSL_SWAV_PLUGIN_BAD_IMAGES=substitute."""
+    monkeypatch.setenv("VISSL_SWAV_PLUGIN_BAD_IMAGES", "substitute")
+    root = make_image_folder(tmp_path / "imgs", classes=1, per_class=1)
+    bad = root / "class0" / "bad.jpg"
+    _corrupt("random_bytes_jpg", bad)
+    ds = build(root)
+    idx = [p for p, _ in ds.data_objs[0].image_dataset.samples].index(str(bad))
+    with caplog.at_level("WARNING"):
+        out = ds[idx]
+    assert all(v == -1 for v in out["data_valid"])  # VISSL's "invalid sample" flag
+    assert all(torch.allclose(c, torch.full_like(c, 128 / 255)) for c in out["data"])  # gray image
+    assert str(bad) in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "I;16"])
+def test_grayscale_rgba_palette_images_are_converted_to_rgb(tmp_path, mode):
+    root = tmp_path / "imgs" / "class0"
+    root.mkdir(parents=True)
+    arr = np.random.default_rng(1).integers(0, 256, (32, 32, 4), dtype=np.uint8)
+    img = Image.fromarray(arr, "RGBA")
+    if mode == "L":
+        img = img.convert("L")
+    elif mode == "P":
+        img = img.convert("RGB").convert("P")
+    elif mode == "I;16":
+        img = Image.fromarray(arr[..., 0].astype(np.uint16) * 257)
+    img.save(root / "x.png")
+    assert Image.open(root / "x.png").mode == ({"I;16": "I;16"}.get(mode, mode))
+    ds = build(tmp_path / "imgs")
+    out = ds[0]
+    assert all(v == 1 for v in out["data_valid"])
+    crops = out["data"]
+    assert len(crops) == 4 and all(c.shape[0] == 3 for c in crops)  # 2x32 + 2x16 RGB crops
+    assert [tuple(c.shape[1:]) for c in crops] == [(32, 32), (32, 32), (16, 16), (16, 16)]
+
+
+# --------------------------------------------------------------------------------------
+# checkpoints, through VISSL's CheckpointLoader (resume and weights-init entry points)
+# --------------------------------------------------------------------------------------
+def _resume_load(path):
+    from vissl.utils.checkpoint import CheckpointLoader
+
+    return CheckpointLoader.load_and_broadcast_checkpoint(
+        checkpoint_folder=str(Path(path).parent), checkpoint_path=str(path), device=torch.device("cpu"))
+
+
+def _write_ckpt(kind, path):
+    torch.save({"phase_idx": 0, "iteration": 2, "iteration_num": 2, "train_phase_idx": 0,
+                "classy_state_dict": {"w": torch.ones(64, 64)}}, path)
+    data = path.read_bytes()
+    if kind == "text":
+        path.write_text("model weights: see wiki\n")
+    elif kind == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "not_vissl":
+        torch.save({"state_dict": {"fc.weight": torch.zeros(2, 2)}}, path)
+
+
+@pytest.mark.parametrize("kind,match", [
+    ("text", "is not a PyTorch checkpoint"),
+    ("truncated", "is truncated or corrupt"),
+    ("empty", r"is empty \(0 bytes\)"),
+    ("not_vissl", r"is not a VISSL training checkpoint: missing \['classy_state_dict'"),
+])
+def test_unusable_checkpoint_names_the_file_and_keeps_it(tmp_path, kind, match):
+    from vissl_swav_plugin.checkpoint_io import CheckpointError
+
+    prev = tmp_path / "model_phase0.torch"
+    _write_ckpt("ok", prev)
+    bad = tmp_path / "model_phase1.torch"
+    _write_ckpt(kind, bad)
+    before = snapshot(tmp_path)
+    with pytest.raises(CheckpointError, match=rf"checkpoint file {bad} .*{match}"):
+        _resume_load(bad)
+    assert snapshot(tmp_path) == before  # nothing already written is lost
+    assert _resume_load(prev)["iteration"] == 2  # the previous checkpoint still loads
+
+
+def test_missing_checkpoint_and_dangling_symlink_name_the_file(tmp_path):
+    from vissl.utils.checkpoint import CheckpointLoader
+    from vissl_swav_plugin.checkpoint_io import CheckpointError
+
+    with pytest.raises(CheckpointError, match=rf"{tmp_path / 'nope.torch'} does not exist"):
+        CheckpointLoader.load_and_broadcast_init_weights(str(tmp_path / "nope.torch"), torch.device("cpu"))
+    (tmp_path / "checkpoint.torch").symlink_to(tmp_path / "model_phase7.torch")
+    with pytest.raises(CheckpointError, match=r"checkpoint\.torch does not exist \(a dangling symlink\)"):
+        _resume_load(tmp_path / "checkpoint.torch")
+
+
+def test_weights_init_accepts_a_non_training_checkpoint(tmp_path):
+    """MODEL.WEIGHTS_INIT files need not be VISSL training checkpoints (e.g. torchvision)."""
+    from vissl.utils.checkpoint import CheckpointLoader
+
+    p = tmp_path / "weights.torch"
+    torch.save({"state_dict": {"fc.weight": torch.zeros(2, 2)}}, p)
+    assert "state_dict" in CheckpointLoader.load_and_broadcast_init_weights(str(p), torch.device("cpu"))
+
+
+# --------------------------------------------------------------------------------------
+# end to end through VISSL's stock launcher, 2 processes
+# --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def interrupted_checkpoint(tmp_path_factory):
+    """model_phase0.torch of a 2-process run (2 epochs; the final checkpoint removed, as
+    if the run had been interrupted during epoch 1)."""
+    root = tmp_path_factory.mktemp("bad_inputs_ckpt")
+    data = folder_data_overrides(make_image_folder(root / "images", per_class=8))
+    run_launcher(SMALL + data + ["config.OPTIMIZER.num_epochs=2", f"config.CHECKPOINT.DIR={root / 'ck'}"],
+                 cwd=root)
+    assert (root / "ck" / "model_phase0.torch").is_file()
+    return root, data
+
+
+def _resume_into(root, data, name, overrides):
+    ck = root / name
+    ck.mkdir()
+    shutil.copy(root / "ck" / "model_phase0.torch", ck / "model_phase0.torch")
+    before = snapshot(ck)
+    proc = run_failing_launcher(SMALL + data + ["config.OPTIMIZER.num_epochs=2", f"config.CHECKPOINT.DIR={ck}"]
+                                + overrides, cwd=root)
+    after = snapshot(ck)
+    return proc, ck, before, after
+
+
+def test_resume_from_another_models_checkpoint_names_the_file(interrupted_checkpoint):
+    root, data = interrupted_checkpoint
+    proc, ck, before, after = _resume_into(root, data, "other_model", [
+        "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[30]}]]"])
+    assert proc.returncode != 0
+    assert "CheckpointMismatchError" in proc.stdout
+    assert f"checkpoint file {ck / 'model_phase0.torch'} does not fit this run" in proc.stdout
+    assert "prototypes0" in proc.stdout  # the original message says which tensor
+    assert after["model_phase0.torch"] == before["model_phase0.torch"]  # not overwritten
+    assert not [k for k in after if k.startswith("model_") and k != "model_phase0.torch"]
+
+
+def test_resume_with_another_world_size_names_the_file(interrupted_checkpoint):
+    root, data = interrupted_checkpoint
+    proc, ck, before, after = _resume_into(root, data, "one_process", ["config.DISTRIBUTED.NUM_PROC_PER_NODE=1"])
+    assert proc.returncode != 0
+    assert f"checkpoint file {ck / 'model_phase0.torch'} does not fit this run" in proc.stdout
+    assert "queues of 2 processes but this run has 1" in proc.stdout
+    assert after["model_phase0.torch"] == before["model_phase0.torch"]
+
+
+def test_corrupt_image_stops_a_real_run_naming_the_file(tmp_path):
+    root = make_image_folder(tmp_path / "imgs", per_class=8)
+    bad = root / "class1" / "broken.jpg"
+    _corrupt("truncated_jpg", bad)
+    proc = run_failing_launcher(SMALL + folder_data_overrides(root) + [
+        "config.OPTIMIZER.num_epochs=1", "config.DATA.NUM_DATALOADER_WORKERS=1",
+        f"config.CHECKPOINT.DIR={tmp_path / 'ck'}"], cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "BadImageError" in proc.stdout and f"cannot read image file {bad}" in proc.stdout
+    assert "DataLoader worker" in proc.stdout  # raised in a worker, re-raised in training

@@ -1,0 +1,418 @@
+"""Crash-safe checkpoint writes and clear checkpoint-load errors for VISSL's engine.
+
+Installed by :func:`install` when the plugin registers (every process that imports
+``vissl``); it changes no result, only *how* files are written and *what* a failure says.
+
+Writes (``vissl.utils.checkpoint.CheckpointWriter``)
+    VISSL 0.1.6 ``torch.save``s straight into the final file (Classy Vision's
+    ``save_checkpoint``) and re-creates the ``checkpoint.torch`` symlink by deleting it
+    first.  A process killed in the middle (OOM killer, pre-emption, Ctrl-C of a
+    launcher) leaves a truncated ``model_*.torch`` that AUTO_RESUME then picks as the
+    latest checkpoint -- the run cannot resume -- and a re-written file (e.g.
+    ``model_final_checkpoint_phase*.torch`` with ``OVERWRITE_EXISTING``) loses its
+    previous content.  Now every checkpoint file is written to a temporary file in the
+    same directory (``.ckpt_partial_<host>_<pid>_<random>.tmp``: a name VISSL's resume
+    logic never matches), flushed and ``fsync``ed, then ``os.replace``d onto the final
+    name, and the directory is ``fsync``ed; the symlink is created under a temporary name
+    and ``os.replace``d over ``checkpoint.torch``.  At any instant every ``*.torch`` name
+    is either absent, the previous complete file, or the new complete file.  Temporary
+    files of dead processes of this host are removed at the next write.  Non-local
+    folders (``scheme://``) keep VISSL's own writer.
+
+Loads (resume: ``CheckpointLoader.load_and_broadcast_checkpoint``; ``MODEL.WEIGHTS_INIT``)
+    A missing, empty, truncated or non-PyTorch file raised, depending on the case,
+    ``TypeError: 'NoneType' object is not subscriptable``, ``EOFError: Ran out of input``,
+    ``RuntimeError: PytorchStreamReader failed reading zip archive`` or
+    ``UnpicklingError: invalid load key`` -- none naming the file.  Now
+    :class:`CheckpointError` names the file, its size and what is wrong, on every rank
+    (the primary's failure is broadcast, so no rank hangs in the broadcast).  A resume
+    file that is a PyTorch file but no VISSL training checkpoint names the missing keys.
+    A checkpoint that does not fit the run (another model, head, loss or world size) made
+    VISSL log the error and ``assert`` "Update classy state from checkpoint failed." (the
+    loss part failed with the bare ``load_state_dict`` message);
+    :class:`CheckpointMismatchError` now names the file and the part (model / optimizer
+    state or ``LOSS.<name>`` state) with the original message.
+
+Environment: ``VISSL_SWAV_PLUGIN_ATOMIC_CHECKPOINTS=0`` keeps VISSL's own writer (the
+load errors stay).
+"""
+import contextlib
+import contextvars
+import logging
+import os
+import socket
+import uuid
+
+logger = logging.getLogger(__name__)
+
+ATOMIC_ENV = "VISSL_SWAV_PLUGIN_ATOMIC_CHECKPOINTS"
+TMP_PREFIX = ".ckpt_partial_"
+TMP_SUFFIX = ".tmp"
+_MARK = "__vissl_swav_plugin_checkpoint_io__"
+_ERROR_KEY = "__vissl_swav_plugin_checkpoint_error__"
+# keys VISSL's resume path reads from a training checkpoint (train_task.prepare / trainer)
+RESUME_KEYS = ("classy_state_dict", "iteration", "iteration_num", "phase_idx", "train_phase_idx")
+
+_originals = {}
+_loading_init_weights = contextvars.ContextVar("vissl_swav_plugin_init_weights", default=False)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file cannot be read; the message names the file."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A readable checkpoint does not fit the run (model, optimizer, loss or world size)."""
+
+
+# ----------------------------------------------------------------------------------------
+# atomic writes
+# ----------------------------------------------------------------------------------------
+def _is_local(path: str) -> bool:
+    return "://" not in str(path)
+
+
+def _host() -> str:
+    return socket.gethostname().replace("_", "-") or "host"
+
+
+def _tmp_name(folder: str) -> str:
+    return os.path.join(folder, f"{TMP_PREFIX}{_host()}_{os.getpid()}_{uuid.uuid4().hex[:12]}{TMP_SUFFIX}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_stale_partials(folder: str) -> list:
+    """Remove temporary files left by dead processes of this host; returns their names."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    host = _host()
+    for name in names:
+        if not (name.startswith(TMP_PREFIX) and name.endswith(TMP_SUFFIX)):
+            continue
+        parts = name[len(TMP_PREFIX):-len(TMP_SUFFIX)].rsplit("_", 2)
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        if pid != os.getpid() and not _pid_alive(pid):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+    if removed:
+        logger.info(f"Removed {len(removed)} partial checkpoint file(s) of interrupted writes in {folder}")
+    return removed
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_torch_save(obj, path: str) -> str:
+    """``torch.save(obj, path)`` such that ``path`` is never seen half-written."""
+    import torch
+
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(folder, exist_ok=True)
+    cleanup_stale_partials(folder)
+    tmp = _tmp_name(folder)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+    return path
+
+
+def atomic_symlink(target: str, link: str) -> None:
+    """Point ``link`` at ``target``; ``link`` always exists once it existed."""
+    folder = os.path.dirname(os.path.abspath(link)) or "."
+    tmp = _tmp_name(folder)
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def _atomic_enabled() -> bool:
+    return os.environ.get(ATOMIC_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _writer_save(self, name: str, content):
+    if not (_atomic_enabled() and _is_local(self.checkpoint_folder)):
+        return _originals["CheckpointWriter._save"](self, name=name, content=content)
+    path = os.path.join(self.checkpoint_folder, name)
+    try:
+        atomic_torch_save(content, path)
+    except BaseException:
+        logging.warning(f"Unable to write checkpoint {path}", exc_info=True)
+        raise
+    logging.info(f"Saved checkpoint: {self.checkpoint_folder}/{name}")
+
+
+def _writer_symlink(self, checkpoint_name: str):
+    if not (_atomic_enabled() and _is_local(self.checkpoint_folder)):
+        return _originals["CheckpointWriter._create_symbolic_link"](self, checkpoint_name)
+    logging.info("Creating symlink...")
+    link = f"{self.checkpoint_folder}/checkpoint.torch"
+    target = f"{self.checkpoint_folder}/{checkpoint_name}"  # what VISSL links to
+    try:
+        atomic_symlink(target, link)
+        logging.info(f"Created symlink: {link}")
+    except OSError as e:  # VISSL: a failed symlink does not stop the training
+        logging.info(f"Could NOT create symlink. Error: {e}")
+
+
+# ----------------------------------------------------------------------------------------
+# clear load errors
+# ----------------------------------------------------------------------------------------
+def _header(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(8)
+    except OSError:
+        return b""
+
+
+def _describe_load_failure(path: str, size: int, exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+    low = text.lower()
+    head = _header(path) if _is_local(path) else b""
+    weights_only = "weights only" in low or "weights_only" in low
+    if head and not head.startswith(b"PK") and head[:1] != b"\x80":
+        what = f"is not a PyTorch checkpoint (it starts with {head!r}, not a PyTorch zip archive)"
+    elif weights_only:
+        what = ("holds Python objects that torch.load(weights_only=True) refuses to load; "
+                "it is not a plain VISSL checkpoint")
+    elif head.startswith(b"PK"):
+        what = "is truncated or corrupt (an incomplete PyTorch zip archive: an interrupted write?)"
+    elif head[:1] == b"\x80":
+        what = "is a pickle / legacy PyTorch file that does not load (truncated or not a checkpoint)"
+    elif head:
+        what = f"is not a PyTorch checkpoint (it starts with {head!r}, not a PyTorch zip archive)"
+    else:
+        what = "cannot be loaded"
+    return f"checkpoint file {path} ({size} bytes) {what}. [{text}]"
+
+
+def read_checkpoint(checkpoint_path, device=None):
+    """Classy Vision's ``load_checkpoint`` with errors that name the file.
+
+    Like the original, an empty ``checkpoint_path`` returns None and a directory means
+    ``<dir>/checkpoint.torch``; unlike it, a missing file raises.
+    """
+    import torch
+    from classy_vision.generic import util as cu
+
+    if not checkpoint_path:
+        return None
+    device = device if device is not None else torch.device("cpu")
+    path = str(checkpoint_path)
+    if _is_local(path):
+        if os.path.isdir(path):
+            path = os.path.join(path.rstrip("/"), cu.CHECKPOINT_FILE)
+        if not os.path.exists(path):
+            dangling = " (a dangling symlink)" if os.path.islink(path) else ""
+            raise CheckpointError(f"checkpoint file {path} does not exist{dangling}")
+        size = os.path.getsize(path)
+        if size == 0:
+            raise CheckpointError(
+                f"checkpoint file {path} is empty (0 bytes): an interrupted write? Remove it to "
+                "resume from the previous checkpoint"
+            )
+    else:
+        size = -1
+    try:
+        return _originals["classy.load_checkpoint"](path, device)
+    except Exception as e:
+        raise CheckpointError(_describe_load_failure(path, size, e)) from e
+
+
+def load_and_broadcast_checkpoint(checkpoint_path, device=None):
+    """Replaces Classy Vision's function of that name as used by VISSL's CheckpointLoader:
+    the primary reads the file; a failure is broadcast so every rank raises it."""
+    from classy_vision.generic import util as cu
+
+    payload = None
+    if cu.is_primary():
+        try:
+            payload = read_checkpoint(checkpoint_path, device)
+        except CheckpointError as e:
+            payload = {_ERROR_KEY: str(e)}
+    obj = cu.broadcast_object(payload)
+    if isinstance(obj, dict) and _ERROR_KEY in obj:
+        raise CheckpointError(obj[_ERROR_KEY])
+    return obj
+
+
+def _shard_load_checkpoint(checkpoint_path, device=None):
+    return read_checkpoint(checkpoint_path, device)
+
+
+def _loader_load_and_broadcast(cls, checkpoint_folder, checkpoint_path, device):
+    ckpt = _originals["CheckpointLoader.load_and_broadcast_checkpoint"].__func__(
+        cls, checkpoint_folder, checkpoint_path, device
+    )
+    if not _loading_init_weights.get():
+        check_resume_checkpoint(ckpt, checkpoint_path)
+    return ckpt
+
+
+def _loader_init_weights(cls, checkpoint_path, device):
+    token = _loading_init_weights.set(True)
+    try:
+        return _originals["CheckpointLoader.load_and_broadcast_init_weights"].__func__(
+            cls, checkpoint_path, device
+        )
+    finally:
+        _loading_init_weights.reset(token)
+
+
+def check_resume_checkpoint(ckpt, path) -> None:
+    """A resume file must be a VISSL training checkpoint (the keys VISSL reads)."""
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(
+            f"checkpoint file {path} holds a {type(ckpt).__name__}, not a VISSL training checkpoint (a dict)"
+        )
+    missing = [k for k in RESUME_KEYS if k not in ckpt]
+    if missing:
+        found = sorted(map(str, ckpt))[:10]
+        raise CheckpointError(
+            f"checkpoint file {path} is not a VISSL training checkpoint: missing {missing} "
+            f"(found keys {found}). To start from weights only, use MODEL.WEIGHTS_INIT.PARAMS_FILE "
+            "in a fresh CHECKPOINT.DIR"
+        )
+
+
+def _own_error(e: BaseException) -> bool:
+    return isinstance(e, CheckpointError) or type(e).__module__.startswith("vissl_swav_plugin")
+
+
+def _task_update_classy_state(self, state_dict=None):
+    """VISSL's version logs the exception and asserts; this one names the checkpoint."""
+    if state_dict is None:
+        return self
+    try:
+        self._set_classy_state(state_dict)
+    except Exception as e:
+        if _own_error(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointMismatchError(
+            f"checkpoint file {self.checkpoint_path} does not fit this run: restoring the model / "
+            f"optimizer state failed with {type(e).__name__}: {first} -- it was written by another "
+            "model or config (trunk, head, prototypes, optimizer); use another CHECKPOINT.DIR or the "
+            "matching config"
+        ) from e
+    return self
+
+
+def _task_build_loss(self):
+    loss = _originals["SelfSupervisionTask._build_loss"](self)
+    inner = loss.load_state_dict
+    task = self
+
+    def load_state_dict(state_dict, *args, **kwargs):
+        try:
+            return inner(state_dict, *args, **kwargs)
+        except Exception as e:
+            if isinstance(e, CheckpointError):
+                raise
+            name = task.config["LOSS"]["name"]
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointMismatchError(
+                f"checkpoint file {task.checkpoint_path} does not fit this run: its loss state does "
+                f"not load into LOSS.{name} ({type(e).__name__}: {first})"
+            ) from e
+
+    load_state_dict._vissl_swav_plugin_wrapped = True
+    loss.load_state_dict = load_state_dict  # instance attribute; nn.Module allows it
+    return loss
+
+
+# ----------------------------------------------------------------------------------------
+# installation
+# ----------------------------------------------------------------------------------------
+def _targets():
+    from classy_vision.generic import util as cu
+    from vissl.trainer import train_task as tt
+    from vissl.utils import checkpoint as vc
+
+    return [
+        ("CheckpointWriter._save", vc.CheckpointWriter, "_save", _writer_save),
+        ("CheckpointWriter._create_symbolic_link", vc.CheckpointWriter, "_create_symbolic_link",
+         _writer_symlink),
+        ("vissl.load_and_broadcast_checkpoint", vc, "load_and_broadcast_checkpoint",
+         load_and_broadcast_checkpoint),
+        ("vissl.load_checkpoint", vc, "load_checkpoint", _shard_load_checkpoint),
+        ("CheckpointLoader.load_and_broadcast_checkpoint", vc.CheckpointLoader,
+         "load_and_broadcast_checkpoint", classmethod(_loader_load_and_broadcast)),
+        ("CheckpointLoader.load_and_broadcast_init_weights", vc.CheckpointLoader,
+         "load_and_broadcast_init_weights", classmethod(_loader_init_weights)),
+        ("SelfSupervisionTask._update_classy_state", tt.SelfSupervisionTask, "_update_classy_state",
+         _task_update_classy_state),
+        ("SelfSupervisionTask._build_loss", tt.SelfSupervisionTask, "_build_loss", _task_build_loss),
+        # not patched: the original reader used by read_checkpoint
+        ("classy.load_checkpoint", cu, "load_checkpoint", None),
+    ]
+
+
+def _raw(owner, attr):
+    if isinstance(owner, type):
+        for klass in owner.__mro__:
+            if attr in klass.__dict__:
+                return klass.__dict__[attr]
+    return getattr(owner, attr)
+
+
+def install() -> None:
+    """Patch VISSL's checkpoint writer / loader (idempotent)."""
+    for key, owner, attr, repl in _targets():
+        current = _raw(owner, attr)
+        if getattr(getattr(current, "__func__", current), _MARK, False):
+            continue
+        _originals.setdefault(key, current)
+        if repl is None:
+            continue
+        setattr(getattr(repl, "__func__", repl), _MARK, True)
+        setattr(owner, attr, repl)
+
+
+def uninstall() -> None:
+    """Restore VISSL's originals (tests: show the behaviour without the plugin)."""
+    for key, owner, attr, repl in _targets():
+        if repl is not None and key in _originals:
+            setattr(owner, attr, _originals[key])
+
+
+install()

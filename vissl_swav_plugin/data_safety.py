@@ -1,0 +1,174 @@
+"""Clear errors for bad image data in VISSL's ``disk_folder`` / ``disk_filelist`` datasets.
+
+Installed when the plugin registers (every process that imports ``vissl``, DataLoader
+workers started with spawn/forkserver included).
+
+Unreadable images (corrupt or truncated JPEG/PNG, a non-image file with an image
+extension, an empty file)
+    VISSL 0.1.6's ``DiskImageDataset.__getitem__`` either crashes with PIL's bare message
+    (``disk_folder``: ``OSError: image file is truncated``, ``struct.error: unpack_from
+    requires a buffer ...`` -- the image is decoded once *outside* VISSL's try block, to
+    get its path, and a second time inside it, so every image is decoded twice) or
+    (``disk_filelist``) logs a warning and silently trains on a 224 px gray image (or,
+    with ``DATA.<split>.ENABLE_QUEUE_DATASET``, on a copy of an earlier image).  Now
+    (default) the item raises :class:`BadImageError` naming the file, the dataset and the
+    reason; in a DataLoader worker PyTorch re-raises it in the training process with that
+    message.  ``disk_folder`` images are decoded once.
+    ``VISSL_SWAV_PLUGIN_BAD_IMAGES=substitute`` gives VISSL's documented fallback for both
+    sources instead (warning naming the file + substitute image, ``data_valid`` -1);
+    ``VISSL_SWAV_PLUGIN_BAD_IMAGES=vissl`` runs VISSL's own ``__getitem__`` unchanged.  The
+    setting is read when the dataset is built (and travels with it to the workers).
+
+Grayscale, palette and RGBA images are not errors: VISSL's loaders convert every image
+to RGB (``PIL.Image.convert("RGB")``, alpha dropped), which the tests check.
+
+Missing or empty dataset folders
+    VISSL raised ``AssertionError: Directory ... does not exist`` or torchvision's
+    ``FileNotFoundError: Found no valid file for the classes class0`` (no path);
+    :class:`DatasetError` now names the config key (``config.DATA.TRAIN.DATA_PATHS``),
+    the source and the path.
+"""
+import logging
+import os
+
+BAD_IMAGES_ENV = "VISSL_SWAV_PLUGIN_BAD_IMAGES"
+_MARK = "__vissl_swav_plugin_data_safety__"
+_originals = {}
+
+
+class BadImageError(RuntimeError):
+    """An image file of the dataset cannot be decoded; the message names the file."""
+
+
+class DatasetError(ValueError):
+    """The dataset path of the config is missing or holds no images; names key and path."""
+
+
+POLICIES = ("error", "substitute", "vissl")
+
+
+def bad_image_policy() -> str:
+    value = os.environ.get(BAD_IMAGES_ENV, "error").strip().lower() or "error"
+    if value not in POLICIES:
+        raise ValueError(f"{BAD_IMAGES_ENV}={value!r}: use one of {', '.join(POLICIES)}")
+    return value
+
+
+def _policy(ds) -> str:
+    # fixed when the dataset is built (in the training process; workers get it pickled)
+    return getattr(ds, "_vissl_swav_plugin_bad_images", None) or bad_image_policy()
+
+
+def _image_path(ds, idx):
+    if ds.data_source == "disk_folder":
+        return ds.image_dataset.samples[idx][0]
+    path = ds.image_dataset[idx]
+    return ds._replace_img_path_prefix(path, replace_prefix=ds._remove_prefix, new_prefix=ds._new_prefix)
+
+
+def _reason(path) -> str:
+    from iopath.common.file_io import g_pathmgr
+    from PIL import Image
+
+    try:
+        with g_pathmgr.open(path, "rb") as f:
+            Image.open(f).convert("RGB")
+    except Exception as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return "it failed to load once (see the warning above) but loads now"
+
+
+def _init(self, cfg, data_source, path, split, dataset_name):
+    try:
+        _originals["__init__"](self, cfg, data_source, path, split, dataset_name)
+    except (AssertionError, FileNotFoundError, NotADirectoryError) as e:
+        key = f"config.DATA.{split}.DATA_PATHS"
+        if not os.path.exists(str(path)):
+            problem = "does not exist"
+        elif data_source == "disk_folder" and os.path.isdir(str(path)):
+            problem = (f"holds no images in class sub-folders (torchvision ImageFolder layout "
+                       f"<path>/<class>/<image>): {e}")
+        else:
+            problem = f"cannot be used: {e}"
+        raise DatasetError(f"{key}: {data_source} path {path} (dataset {dataset_name}) {problem}") from e
+    self._vissl_swav_plugin_bad_images = bad_image_policy()
+    if self._vissl_swav_plugin_bad_images == "error" and getattr(self, "enable_queue_dataset", False):
+        # a failure raises, so there is nothing to substitute from the queue
+        self.enable_queue_dataset = False
+
+
+def _bad_image_error(ds, idx, path, reason):
+    return BadImageError(
+        f"cannot read image file {path} (index {idx} of dataset {ds.dataset_name}, "
+        f"config.DATA.{ds.split}): {reason}. Remove or replace the file, or set "
+        f"{BAD_IMAGES_ENV}=substitute to train on VISSL's gray substitute image instead"
+    )
+
+
+def _substitute(ds, path, exc):
+    """VISSL's documented fallback: a seen image from the queue, else a gray image."""
+    from vissl.data.data_helper import get_mean_image
+
+    logging.warning(f"Couldn't load: {path}. Exception: \n{exc}")
+    img, ok = (ds.on_failure() if ds.enable_queue_dataset else (None, False))
+    if img is None:
+        img = get_mean_image(ds.cfg["DATA"][ds.split].DEFAULT_GRAY_IMG_SIZE)
+    return img, ok
+
+
+def _getitem_folder(self, idx):
+    """``disk_folder``: VISSL 0.1.6 reads ``self.image_dataset[idx]`` (which decodes the
+    image) *outside* its try block to get a path, then decodes it a second time inside:
+    every image is decoded twice and a bad one crashes with PIL's message (``image file is
+    truncated``, ``struct.error``, ...) instead of reaching VISSL's fallback.  Here the
+    image is decoded once, and a failure follows the bad-image policy."""
+    if not self.is_initialized:
+        self._load_data(self._path)
+        self.is_initialized = True
+    if not self.queue_init and self.enable_queue_dataset:
+        self._init_queues()
+    path = self.image_dataset.samples[idx][0]
+    try:
+        img = self.image_dataset.loader(path)
+    except Exception as e:
+        if _policy(self) == "error":
+            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise _bad_image_error(self, idx, path, f"{type(e).__name__}: {text}" if text else
+                                   type(e).__name__) from e
+        return _substitute(self, path, e)
+    if self.enable_queue_dataset:
+        self.on_sucess(img)
+    return img, True
+
+
+def _getitem(self, idx):
+    policy = _policy(self)
+    if policy == "vissl":
+        return _originals["__getitem__"](self, idx)
+    if self.data_source == "disk_folder":
+        return _getitem_folder(self, idx)
+    # disk_filelist: VISSL decodes inside its try block and substitutes on failure
+    if policy == "substitute":
+        return _originals["__getitem__"](self, idx)
+    img, is_success = _originals["__getitem__"](self, idx)
+    if not is_success:
+        path = _image_path(self, idx)
+        raise _bad_image_error(self, idx, path, _reason(path))
+    return img, is_success
+
+
+def install() -> None:
+    from vissl.data.disk_dataset import DiskImageDataset
+
+    for attr, repl in (("__init__", _init), ("__getitem__", _getitem)):
+        current = DiskImageDataset.__dict__[attr]
+        if getattr(current, _MARK, False):
+            continue
+        _originals.setdefault(attr, current)
+        setattr(repl, _MARK, True)
+        setattr(DiskImageDataset, attr, repl)
+    logging.getLogger(__name__).debug("data_safety installed")
+
+
+install()
