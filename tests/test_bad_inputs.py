@@ -63,7 +63,6 @@ def test_world_size_not_dividing_the_queue_names_key_and_world_size():
 
 # Found by this catalogue, not yet rejected (config_validation.py belongs to the SwAV core;
 # reported).  strict: the day they are fixed these tests fail and the marks must go.
-@pytest.mark.xfail(strict=True, reason="config_validation accepts a non-boolean use_double_precision")
 def test_non_boolean_flag_is_rejected():
     from vissl_swav_plugin.config_validation import ConfigError
 
@@ -71,7 +70,6 @@ def test_non_boolean_flag_is_rejected():
         compose([QUICK, f"{L}.use_double_precision=maybe"])
 
 
-@pytest.mark.xfail(strict=True, reason="config_validation accepts epsilon=inf (uniform codes)")
 def test_infinite_epsilon_is_rejected():
     from vissl_swav_plugin.config_validation import ConfigError
 
@@ -79,7 +77,6 @@ def test_infinite_epsilon_is_rejected():
         compose([QUICK, f"{L}.epsilon=inf"])
 
 
-@pytest.mark.xfail(strict=True, reason="num_clusters given as an int raises a bare TypeError")
 def test_num_clusters_not_a_list_names_the_key():
     from vissl_swav_plugin.config_validation import ConfigError
 

@@ -64,8 +64,13 @@ def _is_num(v) -> bool:
 
 
 def require_positive_number(value, key):
-    if not _is_num(value) or not value > 0:
-        raise ConfigError(f"config.{key} must be a number > 0, got {value!r}")
+    if not _is_num(value) or not value > 0 or value == float("inf"):
+        raise ConfigError(f"config.{key} must be a finite number > 0, got {value!r}")
+
+
+def require_bool(value, key):
+    if not isinstance(value, bool):
+        raise ConfigError(f"config.{key} must be true or false, got {value!r}")
 
 
 def require_int(value, key, minimum=0):
@@ -105,6 +110,9 @@ def validate_swav_loss_config(lc, prefix="LOSS.swav_plugin_loss"):
     require_int(q.get("start_epoch", 0), f"{prefix}.queue.start_epoch")
     require_int(lc.get("freeze_prototypes_niters", 0), f"{prefix}.freeze_prototypes_niters")
     require_int(lc.get("temp_hard_assignment_iters", 0), f"{prefix}.temp_hard_assignment_iters")
+    for flag in ("use_double_precision", "hard_assignment", "distributed_sinkhorn", "normalize_prototypes"):
+        if flag in lc:
+            require_bool(lc[flag], f"{prefix}.{flag}")
 
 
 @register_config_inference("swav_plugin_loss")
@@ -120,6 +128,16 @@ def infer_swav_plugin_loss(cfg):
     head = heads[-1][1]
     if "num_clusters" not in head or "dims" not in head:
         raise ConfigError("config.MODEL.HEAD.PARAMS: swav_plugin_head needs 'dims' and 'num_clusters'")
+    if not isinstance(head["num_clusters"], (list, tuple)):
+        raise ConfigError(
+            "config.MODEL.HEAD.PARAMS: swav_plugin_head 'num_clusters' must be a list of prototype "
+            f"counts, e.g. [3000]; got {head['num_clusters']!r}"
+        )
+    if not isinstance(head["dims"], (list, tuple)) or len(head["dims"]) < 2:
+        raise ConfigError(
+            "config.MODEL.HEAD.PARAMS: swav_plugin_head 'dims' must list >= 2 sizes, e.g. [2048, 128]; "
+            f"got {head['dims']!r}"
+        )
     lc.num_prototypes = list(head["num_clusters"])
     lc.embedding_dim = int(head["dims"][-1])
     crops = total_num_crops(cfg)
