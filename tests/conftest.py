@@ -107,3 +107,34 @@ def compose(overrides):
 @pytest.fixture
 def repo():
     return REPO
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_entry(rank, fn, world, port, args, out):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        out[rank] = fn(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gloo_workers(fn, args=(), world=2):
+    """Run ``fn(rank, *args)`` in ``world`` spawned processes joined in a gloo process
+    group (fresh interpreters, as VISSL's launcher makes them); returns their results in
+    rank order.  ``fn`` must be a module-level function (it is pickled)."""
+    import torch.multiprocessing as mp
+
+    out = mp.get_context("spawn").Manager().dict()
+    mp.start_processes(_gloo_entry, args=(fn, world, _free_port(), tuple(args), out), nprocs=world,
+                       start_method="spawn")
+    return [out[r] for r in range(world)]

@@ -2,16 +2,14 @@
 spherical k-means against planted clusters and a dense fp64 reference, SeLa assignment
 against a dense Sinkhorn written from the paper's pseudo-code, the equipartition
 constraint, the memory bank / dataset-wide tables, and 2 processes vs 1."""
-import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from sklearn.metrics import adjusted_rand_score
 
+from conftest import run_gloo_workers
 from vissl_swav_plugin.clustering import (
     IGNORE_INDEX,
     MemoryBank,
@@ -158,35 +156,24 @@ def test_memory_bank_and_gather_table_single_process():
 
 
 # ------------------------------------------------------------------------ 2 processes
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, world, port, data, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        x, ids, split = data["x"], data["ids"], data["split"]
-        mine = split == rank
-        c, a, info = spherical_kmeans(x[mine], ids[mine], 10, 10, id_space=x.shape[0], seed=1, dtype=torch.float64)
-        z, protos = data["z"], data["protos"]
-        zm = data["zsplit"] == rank
-        codes = sela_assign(z[zm], protos, epsilon=0.05, num_iters=30, hard=False, dtype=torch.float64)
-        table = gather_table(ids[mine], a, x.shape[0])
-        bank = MemoryBank(1, x.shape[0], x.shape[1], dtype=torch.float64)
-        bank.add(ids[mine], [x[mine]])
-        snap = bank.gather_snapshot(dst=0)
-        # re-shard the rank-0 snapshot over the processes
-        bank2 = MemoryBank(1, x.shape[0], x.shape[1], dtype=torch.float64)
-        obj = [snap]
-        dist.broadcast_object_list(obj, 0)
-        kept = bank2.load_snapshot(*obj[0])
-        out[rank] = dict(c=c, a=a, info=info, codes=codes, table=table, snap=snap, kept=kept,
-                         shard=bank2.local_rows(0))
-    finally:
-        dist.destroy_process_group()
+def _worker(rank, data):
+    x, ids, split = data["x"], data["ids"], data["split"]
+    mine = split == rank
+    c, a, info = spherical_kmeans(x[mine], ids[mine], 10, 10, id_space=x.shape[0], seed=1, dtype=torch.float64)
+    z, protos = data["z"], data["protos"]
+    zm = data["zsplit"] == rank
+    codes = sela_assign(z[zm], protos, epsilon=0.05, num_iters=30, hard=False, dtype=torch.float64)
+    table = gather_table(ids[mine], a, x.shape[0])
+    bank = MemoryBank(1, x.shape[0], x.shape[1], dtype=torch.float64)
+    bank.add(ids[mine], [x[mine]])
+    snap = bank.gather_snapshot(dst=0)
+    # re-shard the rank-0 snapshot over the processes
+    bank2 = MemoryBank(1, x.shape[0], x.shape[1], dtype=torch.float64)
+    obj = [snap]
+    dist.broadcast_object_list(obj, 0)
+    kept = bank2.load_snapshot(*obj[0])
+    return dict(c=c, a=a, info=info, codes=codes, table=table, snap=snap, kept=kept,
+                shard=bank2.local_rows(0))
 
 
 def test_two_processes_equal_one_process():
@@ -198,10 +185,7 @@ def test_two_processes_equal_one_process():
     z, protos = random_bank(200, 9, seed=8)
     zsplit = (torch.rand(200, generator=g) < 0.5).long()
     data = dict(x=x, ids=ids, split=split, z=z, protos=protos, zsplit=zsplit)
-    manager = mp.get_context("spawn").Manager()
-    out = manager.dict()
-    mp.start_processes(_worker, args=(2, _free_port(), data, out), nprocs=2, start_method="spawn")
-    r0, r1 = out[0], out[1]
+    r0, r1 = run_gloo_workers(_worker, (data,))
 
     # k-means: same centroids on both ranks, equal to one process on all the rows
     c1, a1, info1 = spherical_kmeans(x, ids, 10, 10, id_space=N, seed=1, dtype=torch.float64)

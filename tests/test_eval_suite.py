@@ -472,7 +472,7 @@ def test_converter_names_a_non_resnet_key(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------
-# the shim the low-shot SVM tool needs (vissl_swav_plugin.eval_compat)
+# the shim the low-shot SVM tool needs (compat.shim_svm_low_shot_mean_ap_scalar)
 # ------------------------------------------------------------------------------------------
 def test_low_shot_trainer_stores_mean_ap_as_numpy_before_2_4_did():
     import vissl  # noqa: F401
@@ -483,7 +483,7 @@ def test_low_shot_trainer_stores_mean_ap_as_numpy_before_2_4_did():
     if tuple(int(v) for v in np.__version__.split(".")[:2]) >= (2, 4):
         with pytest.raises((ValueError, TypeError)):
             plain[0][1] = mean_ap  # the breakage: NumPy >= 2.4 refuses a size-1 array here
-    m = lst.np.zeros((1, 3))  # the module's numpy, as patched by eval_compat
+    m = lst.np.zeros((1, 3))  # the module's numpy, as patched by compat
     m[0][1] = mean_ap
     assert m.tolist() == [[0.0, 0.5, 0.0]]
     with pytest.raises(ValueError):

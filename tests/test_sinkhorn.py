@@ -1,13 +1,10 @@
 """Sinkhorn-Knopp: against the paper's pseudo-code, VISSL's implementation, the
 equipartition constraint, 2 processes vs 1, and low-precision inputs."""
-import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from conftest import run_gloo_workers
 from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
 
 
@@ -100,29 +97,14 @@ def test_bad_arguments(kwargs, match):
         sinkhorn_knopp(torch.randn(4, 3), **kwargs)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, world, port, parts, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        codes = sinkhorn_knopp(parts[rank], 0.05, 3, dtype=torch.float64)
-        out[rank] = codes
-    finally:
-        dist.destroy_process_group()
+def _worker(rank, parts):
+    return sinkhorn_knopp(parts[rank], 0.05, 3, dtype=torch.float64)
 
 
 def test_two_processes_equal_one_process_on_concatenated_batch():
     s = cosine_scores(40, 25, seed=5)
     parts = [s[:24].clone(), s[24:].clone()]  # unequal local batch sizes
-    manager = mp.get_context("spawn").Manager()
-    out = manager.dict()
-    mp.start_processes(_worker, args=(2, _free_port(), parts, out), nprocs=2, start_method="spawn")
-    two = torch.cat([out[0], out[1]])
+    two = torch.cat(run_gloo_workers(_worker, (parts,)))
     one = sinkhorn_knopp(s, 0.05, 3, dtype=torch.float64)
     assert torch.allclose(two, one, atol=1e-12)
     # and it is not what each process would get on its own

@@ -24,7 +24,6 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.sela_v2",
     "vissl_swav_plugin.multicrop",
     "vissl_swav_plugin.trunks",
-    "vissl_swav_plugin.eval_compat",
     "vissl_swav_plugin.checkpoint_io",
     "vissl_swav_plugin.data_safety",
 ]

@@ -49,6 +49,10 @@ Shims (in the order they are applied):
     ``vissl.utils.svm_utils.evaluate`` returns the AP as a size-1 array which VISSL's SVM
     trainers (``svm_trainer``, ``svm_low_shot_trainer``) store with
     ``ap_matrix[c][0] = ap`` -- an error in NumPy >= 2.4; the trainers now get a float.
+``shim_svm_low_shot_mean_ap_scalar``
+    ``SVMLowShotTrainer.test`` then stores ``np.mean(local_cost_ap, axis=0)`` (shape (1,))
+    in a scalar slot of ``sample_ap_matrix``; that module gets a module-local ``np`` whose
+    ``zeros`` arrays accept it, as NumPy < 2.4 did (no low-shot result was written).
 ``shim_trusted_torch_load``
     ``vissl.utils.cluster_utils.ClusterAssignmentLoader.load_cluster_assigment`` reads the
     file VISSL's own extract_cluster engine wrote (it holds the run's AttrDict config) and
@@ -121,10 +125,8 @@ def shim_names() -> List[str]:
 
 
 def _skipped() -> set:
-    """Names in VISSL_SWAV_PLUGIN_COMPAT_SKIP that are shims of this module.
-
-    Other plugin modules (e.g. ``eval_compat``) read the same variable for their own
-    shims, so names unknown here are not an error; they are logged in case of a typo."""
+    """Names in VISSL_SWAV_PLUGIN_COMPAT_SKIP that are shims of this module (unknown names
+    are logged, in case of a typo)."""
     raw = os.environ.get(SKIP_ENV, "")
     names = {s.strip() for s in raw.split(",") if s.strip()}
     if "all" in names:
@@ -940,6 +942,58 @@ def shim_svm_ap_scalar():
 
     for name in ("vissl.utils.svm_utils.svm_trainer", "vissl.utils.svm_utils.svm_low_shot_trainer"):
         _after_import(name, patch)
+
+
+@functools.lru_cache(maxsize=None)
+def _scalar_tolerant_array_type():
+    import numpy as np
+
+    class ScalarTolerantArray(np.ndarray):
+        """ndarray that stores a size-1 array given for a scalar slot as its one value."""
+
+        def __setitem__(self, key, value):
+            if isinstance(value, np.ndarray) and value.size == 1 and value.ndim > 0:
+                target = np.ndarray.__getitem__(self.view(np.ndarray), key)
+                if np.ndim(target) == 0:
+                    value = value.reshape(()).item()
+            np.ndarray.__setitem__(self, key, value)
+
+    return ScalarTolerantArray
+
+
+class _NumpyScalarTolerantZeros(types.ModuleType):
+    """`numpy` as seen by one legacy module: ``zeros`` gives arrays that take a size-1
+    array for a scalar slot, as NumPy < 2.4 did."""
+
+    def __init__(self):
+        super().__init__("numpy")
+
+    def zeros(self, *args, **kwargs):
+        import numpy
+
+        return numpy.zeros(*args, **kwargs).view(_scalar_tolerant_array_type())
+
+    def __getattr__(self, name):
+        import numpy
+
+        return getattr(numpy, name)
+
+
+@shim
+def shim_svm_low_shot_mean_ap_scalar():
+    # vissl/utils/svm_utils/svm_low_shot_trainer.py, SVMLowShotTrainer.test:
+    #     local_cost_ap = np.zeros((self.num_classes, 1)); ...
+    #     mean_cost_ap = np.mean(local_cost_ap, axis=0)        # shape (1,)
+    #     sample_ap_matrix[0][cost_idx] = mean_cost_ap         # scalar slot
+    # NumPy >= 2.4 raises "setting an array element with a sequence", so every low-shot SVM
+    # run (tools/train_svm_low_shot.py) dies after training its SVMs, before writing any
+    # test_ap_sample*_k*.npy.  That module (only) gets a numpy whose `zeros` arrays accept a
+    # size-1 array in a scalar slot (shim_svm_ap_scalar fixes the `ap` one line above).
+    def patch(module):
+        if not isinstance(module.__dict__.get("np"), _NumpyScalarTolerantZeros):
+            _patch("shim_svm_low_shot_mean_ap_scalar", module, "np", _NumpyScalarTolerantZeros())
+
+    _after_import("vissl.utils.svm_utils.svm_low_shot_trainer", patch)
 
 
 # --------------------------------------------------------------------------------------

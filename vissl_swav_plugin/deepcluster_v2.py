@@ -47,7 +47,6 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
-from classy_vision.hooks.classy_hook import ClassyHook
 from classy_vision.losses import ClassyLoss, register_loss
 from vissl.models.heads import register_model_head
 
@@ -61,7 +60,7 @@ from vissl_swav_plugin.config_validation import (
     total_num_crops,
 )
 from vissl_swav_plugin.heads import SwAVPluginHead
-from vissl_swav_plugin.hooks import register_loss_hooks
+from vissl_swav_plugin.hooks import NoOpHook, register_loss_hooks
 
 
 STATE_FORMAT = 1
@@ -550,14 +549,8 @@ class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
                 self.centroids(h).copy_(sd[k].to(self.centroids(h).device))
 
 
-class MemoryClusteringHook(ClassyHook):
+class MemoryClusteringHook(NoOpHook):
     """Drives a :class:`MemoryBankClusteringLoss` through training (see module doc)."""
-
-    on_loss_and_meter = ClassyHook._noop
-    on_backward = ClassyHook._noop
-    on_step = ClassyHook._noop
-    on_end = ClassyHook._noop
-    on_exception = ClassyHook._noop
 
     @staticmethod
     def _loss(task) -> MemoryBankClusteringLoss:

@@ -65,8 +65,8 @@ def install() -> None:
     vh.add_loss_hooks = add_loss_hooks
 
 
-class _Hook(ClassyHook):
-    """A ClassyHook whose unimplemented events are no-ops."""
+class NoOpHook(ClassyHook):
+    """A ClassyHook whose unimplemented events are no-ops (base of all our hooks)."""
 
     on_start = ClassyHook._noop
     on_phase_start = ClassyHook._noop
@@ -77,6 +77,7 @@ class _Hook(ClassyHook):
     on_step = ClassyHook._noop
     on_phase_end = ClassyHook._noop
     on_end = ClassyHook._noop
+    on_exception = ClassyHook._noop
 
 
 def _plugin_heads(task):
@@ -89,7 +90,7 @@ def _plugin_heads(task):
     return heads
 
 
-class SwAVAssignmentHook(_Hook):
+class SwAVAssignmentHook(NoOpHook):
     def __init__(self, queue_start_epoch: int, checkpoint_iter_frequency: int = 0):
         super().__init__()
         self.queue_start_epoch = int(queue_start_epoch)
@@ -166,7 +167,7 @@ def guard_finite_model_output(task) -> None:
     )
 
 
-class FreezePrototypesHook(_Hook):
+class FreezePrototypesHook(NoOpHook):
     def __init__(self, niters: int):
         super().__init__()
         self.niters = int(niters)
@@ -180,7 +181,7 @@ class FreezePrototypesHook(_Hook):
             logging.info(f"Prototypes frozen until iteration {self.niters}; they train from now on")
 
 
-class NormalizePrototypesHook(_Hook):
+class NormalizePrototypesHook(NoOpHook):
     """Re-normalise after every update; frozen prototypes (not updated) are left bit-exact."""
 
     def __init__(self, frozen_niters: int = 0):
@@ -194,7 +195,7 @@ class NormalizePrototypesHook(_Hook):
             head.normalize_prototypes()
 
 
-class TraceHook(_Hook):
+class TraceHook(NoOpHook):
     """Debug trace (env ``VISSL_SWAV_PLUGIN_TRACE_DIR``): one JSON line per event and rank
     with the prototypes' checksum and norms and the queue state, to check freezing,
     normalisation and queue behaviour of a real (multi-process) run from outside."""
