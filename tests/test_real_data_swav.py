@@ -26,14 +26,16 @@ needs_fmnist = pytest.mark.skipif(
            "`make test` installs it through tools/install_env.sh)",
 )
 
-# Margin (percentage points of 20-NN top-1) by which SwAV must beat random init in the quick
-# run (5000 train / 1000 test images, 12 epochs = 468 iterations, 2 processes x 64), measured
-# with `tools/demo.py --quick --seed S` on the 2-core machine (2026-11-22):
-#   seed 0: SwAV 79.1% vs random init 75.0% (+4.1)
-#   seed 1: SwAV 78.9% vs random init 73.6% (+5.3)
-#   seed 2: SwAV 77.3% vs random init 73.3% (+4.0)
-# mean +4.5, smallest +4.0, standard deviation 0.7: the test (seed 0) asks for half the
-# smallest gain, about 3 standard deviations below it.
+# Margin (percentage points of 20-NN top-1) by which SwAV must beat the random-init baseline
+# (the mean over 5 initialisations of the same network, the first being the training's own
+# start) in the quick run (5000 train / 1000 test images, 12 epochs = 468 iterations,
+# 2 processes x 64), measured with `tools/demo.py --quick --seed S` on the 2-core machine
+# (2026-11-22):
+#   seed 0: SwAV 79.1% vs random init 73.3% (5 inits: 71.3-75.4) -> +5.8
+#   seed 1: SwAV 78.9% vs random init 72.7% (5 inits: 68.2-79.0) -> +6.2
+#   seed 2: SwAV 77.3% vs random init 74.1% (5 inits: 70.2-76.7) -> +3.2
+# mean +5.1, smallest +3.2, standard deviation 1.6.  A single random init is a noisy
+# baseline (68-79% over 15 inits), hence the mean.  The test (seed 0) asks for 2 points.
 MIN_GAIN_KNN20 = 2.0
 
 
@@ -106,6 +108,9 @@ def test_swav_quick_run_beats_random_init(tmp_path):
     mode = report["config"]["mode"]
     assert report["data"]["train_images"] == 10 * mode["train_per_class"]
     assert report["data"]["test_images"] == 10 * mode["test_per_class"]
+    assert len(knn["random_init"]["per_init"]) == 5
+    assert knn["random_init"]["knn20"] == pytest.approx(np.mean([r["knn20"] for r in knn["random_init"]["per_init"]]),
+                                                        abs=0.01)
     gain = knn["swav"]["knn20"] - knn["random_init"]["knn20"]
     assert gain >= MIN_GAIN_KNN20, (
         f"SwAV 20-NN {knn['swav']['knn20']:.1f}% vs random init {knn['random_init']['knn20']:.1f}%: "

@@ -20,7 +20,7 @@
                 most-used prototypes) and OUT/swav_demo_report.json (every figure: times,
                 accuracies, config).
 
-    python tools/demo.py                 # the full demo (about 9 min on 2 CPU cores)
+    python tools/demo.py                 # the full demo (about 11 min on 2 CPU cores)
     python tools/demo.py --quick         # a 4-minute version (smaller subset; the tests)
     python tools/demo.py --help
 """
@@ -51,7 +51,7 @@ RAW_PIXEL_5NN_FULL = 85.5
 
 # Settings of the two modes.  Everything not listed comes from the yaml config.
 MODES = {
-    "full": dict(train_per_class=1000, test_per_class=1000, epochs=12, batch=64, queue=0,
+    "full": dict(train_per_class=1000, test_per_class=1000, epochs=16, batch=64, queue=0,
                  freeze=100, prototypes=100),
     "quick": dict(train_per_class=500, test_per_class=100, epochs=12, batch=64, queue=0,
                   freeze=30, prototypes=100),
@@ -400,29 +400,56 @@ def prototype_summary(scores, labels, top_protos=8, per_row=10):
     return dict(num_prototypes=int(s.shape[1]), prototypes_used=used, purity_pct=round(purity, 2), rows=rows)
 
 
-def evaluate(overrides, ckpt_path, data, seed, log=print):
+def random_init_seeds(seed, num_epochs, count):
+    """Torch seeds of the random-init baselines: first the training's own starting point
+    (VISSL's ``set_seeds`` seeds rank 0 with ``(SEED_VALUE + 0) * num_epochs`` and DDP gives
+    every rank rank 0's weights), then ``count - 1`` other initialisations."""
+    first = int(seed) * int(num_epochs)
+    return [first] + [first + 1000 * j for j in range(1, count)]
+
+
+def evaluate(overrides, ckpt_path, data, seed, random_inits=5, log=print):
+    """kNN of the trained network, of ``random_inits`` randomly initialised copies (the
+    first is the training's own starting point; their mean is the baseline, the spread is
+    reported) and of the raw pixels, all on the same memory bank and test images."""
     import numpy as np
     import torch
     from vissl_swav_plugin.knn import knn_report
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     config, trained = build_vissl_model(overrides, seed)
-    _, random_init = build_vissl_model(overrides, seed)  # same config, same seed, no training
     load_checkpoint(trained, ckpt_path)
     mean, std = transform_stats(config)
     results, timings, protos = {}, {}, {}
     ytr, yte = data["train_y"].astype(np.int64), data["test_y"].astype(np.int64)
-    for name, model in (("swav", trained), ("random_init", random_init)):
+
+    def features_knn(name, model):
         t = time.time()
         ftr, _ = extract(model, data["train_x"], mean, std)
         fte, ste = extract(model, data["test_x"], mean, std)
         t_feat = time.time() - t
-        results[name] = knn_report(ftr, ytr, fte, yte, num_classes=10)
-        results[name]["feature_dim"] = int(ftr.shape[1])
-        protos[name] = prototype_summary(ste, yte)
+        r = knn_report(ftr, ytr, fte, yte, num_classes=10)
+        r["feature_dim"] = int(ftr.shape[1])
         timings[name] = dict(extract_s=round(t_feat, 2), total_s=round(time.time() - t, 2))
-        log(f"  {name:12s} features {tuple(ftr.shape)} + {tuple(fte.shape)}: "
-            + ", ".join(f"{k} {v:.2f}%" for k, v in results[name].items() if k.startswith(("knn", "nn"))))
+        log(f"  {name:14s} features {tuple(ftr.shape)} + {tuple(fte.shape)}: "
+            + ", ".join(f"{k} {v:.2f}%" for k, v in r.items() if k.startswith(("knn", "nn"))))
+        return r, ste
+
+    results["swav"], scores = features_knn("swav", trained)
+    protos["swav"] = prototype_summary(scores, yte)
+    per_init = []
+    for i, init_seed in enumerate(random_init_seeds(seed, config.OPTIMIZER.num_epochs, random_inits)):
+        _, model = build_vissl_model(overrides, init_seed)
+        r, scores = features_knn(f"random_init[{i}]", model)
+        per_init.append(dict(r, torch_seed=init_seed))
+        if i == 0:
+            protos["random_init"] = prototype_summary(scores, yte)
+    metrics = [k for k in per_init[0] if k.startswith(("knn", "nn"))]
+    results["random_init"] = {m: float(np.mean([r[m] for r in per_init])) for m in metrics}
+    results["random_init"]["feature_dim"] = per_init[0]["feature_dim"]
+    results["random_init"]["range"] = {m: [round(min(r[m] for r in per_init), 2),
+                                           round(max(r[m] for r in per_init), 2)] for m in metrics}
+    results["random_init"]["per_init"] = per_init
     t = time.time()
     px_tr = torch.from_numpy(data["train_x"].reshape(len(ytr), -1)).float() / 255.0
     px_te = torch.from_numpy(data["test_x"].reshape(len(yte), -1)).float() / 255.0
@@ -479,7 +506,8 @@ def make_figure(path, curve, results, protos, test_x, meta):
     # (2) kNN bars
     ax = fig.add_subplot(gs[1, 0])
     methods = [("swav", "SwAV features (res5avg)", "#2171b5"),
-               ("random_init", "random-init features (same trunk)", "#9e9ac8"),
+               ("random_init", "random-init features (same trunk; mean, min-max of "
+                               f"{len(results['random_init'].get('per_init', [])) or 1} inits)", "#9e9ac8"),
                ("raw_pixels", "raw pixels (784-d)", "#969696")]
     metrics = [("knn20", "20-NN\n(weighted cosine)"), ("knn200", "200-NN\n(weighted cosine)"),
                ("nn5_euclid", "5-NN\n(Euclidean, majority)")]
@@ -489,9 +517,16 @@ def make_figure(path, curve, results, protos, test_x, meta):
     for j, (key, label, color) in enumerate(methods):
         vals = [results[key][m] for m, _ in metrics]
         allv += vals
-        bars = ax.bar(x + (j - 1) * width, vals, width, label=label, color=color)
-        for b, v in zip(bars, vals):
-            ax.text(b.get_x() + b.get_width() / 2, v + 0.3, f"{v:.1f}", ha="center", va="bottom", fontsize=8.5)
+        spread = results[key].get("range")
+        yerr = None
+        if spread:
+            yerr = np.array([[v - spread[m][0], spread[m][1] - v] for v, (m, _) in zip(vals, metrics)]).T
+            allv += [spread[m][0] for m, _ in metrics]
+        bars = ax.bar(x + (j - 1) * width, vals, width, label=label, color=color, yerr=yerr, capsize=3,
+                      error_kw=dict(lw=0.9, ecolor="#444444"))
+        for i, (b, v) in enumerate(zip(bars, vals)):
+            top = v if yerr is None else v + yerr[1][i]
+            ax.text(b.get_x() + b.get_width() / 2, top + 0.3, f"{v:.1f}", ha="center", va="bottom", fontsize=8.5)
     lo = max(0.0, np.floor(min(allv) / 5.0) * 5.0 - 5.0)
     ax.set_ylim(lo, min(100.0, max(allv) + 6.0))
     ax.set_xticks(x, [lbl for _, lbl in metrics])
@@ -543,6 +578,9 @@ def main(argv=None):
     ap.add_argument("--source", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST IDX files")
     ap.add_argument("--seed", type=int, default=0, help="VISSL SEED_VALUE (also the random-init model's seed)")
     ap.add_argument("--procs", type=int, default=2, help="gloo training processes (default 2)")
+    ap.add_argument("--random-inits", type=int, default=5,
+                    help="random initialisations averaged for the random-init baseline (default 5; the "
+                         "first is the training's own starting point)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads per training process (default: cores / procs)")
     ap.add_argument("--amp", choices=["auto", "on", "off"], default="auto",
@@ -560,6 +598,8 @@ def main(argv=None):
             mode[key] = getattr(args, key)
     if args.procs < 1:
         ap.error("--procs must be >= 1")
+    if args.random_inits < 1:
+        ap.error("--random-inits must be >= 1")
 
     t_start, cpu_start = time.time(), _cpu_seconds()
     load_start = os.getloadavg()
@@ -609,7 +649,7 @@ def main(argv=None):
         print("[3/4] evaluation: res5avg features of the VISSL model (checkpoint loaded in-process), kNN",
               flush=True)
         t = time.time()
-        config, results, protos, eval_times = evaluate(overrides, ckpt, data, args.seed)
+        config, results, protos, eval_times = evaluate(overrides, ckpt, data, args.seed, args.random_inits)
         t_eval = time.time() - t
 
         print("[4/4] report", flush=True)
@@ -624,7 +664,8 @@ def main(argv=None):
             subtitle=(f"{n_train} unlabelled training images, {mode['epochs']} epochs, {describe_model(config)} "
                       f"({results['swav']['feature_dim']}-d res5avg), {describe_crops(config)}, "
                       f"{mode['prototypes']} prototypes, batch {args.procs}x{mode['batch']}, "
-                      f"{'queue ' + str(mode['queue']) if mode['queue'] else 'no queue'}  |  20-NN: SwAV {results['swav']['knn20']:.1f}% vs random init "
+                      f"{'queue ' + str(mode['queue']) if mode['queue'] else 'no queue'}  |  "
+                      f"20-NN: SwAV {results['swav']['knn20']:.1f}% vs random init "
                       f"{results['random_init']['knn20']:.1f}% ({gain:+.1f}) vs raw-pixel 5-NN "
                       f"{results['raw_pixels']['nn5_euclid']:.1f}% ({vs_px:+.1f})"),
         )
@@ -638,6 +679,7 @@ def main(argv=None):
             summary=dict(
                 knn20_swav=round(results["swav"]["knn20"], 2),
                 knn20_random_init=round(results["random_init"]["knn20"], 2),
+                knn20_random_init_range=results["random_init"]["range"]["knn20"],
                 nn5_raw_pixels=round(results["raw_pixels"]["nn5_euclid"], 2),
                 knn20_gain_over_random_init=round(gain, 2),
                 knn20_swav_minus_raw_pixel_5nn=round(vs_px, 2),
@@ -652,7 +694,9 @@ def main(argv=None):
                 knn200="weighted cosine kNN, k=200, T=0.07",
                 nn5_euclid="plain 5-NN, Euclidean distance, majority vote (raw pixels: the benchmark's 85.5% on 60k/10k)",
                 features="trunk res5avg (global average pool of res5), eval-mode BN, fp32, full 28x28 image",
-                random_init="the same VISSL model built from the same config with the same seed, no training",
+                random_init="the same VISSL model built from the same config, no training; mean over "
+                            "--random-inits initialisations (per_init), the first with torch seed "
+                            "(SEED_VALUE + 0) * num_epochs, as VISSL seeds rank 0 (the training's start)",
                 raw_pixels_full_dataset_5nn=RAW_PIXEL_5NN_FULL,
             ),
             prototypes={k: {kk: vv for kk, vv in v.items()} for k, v in protos.items()},
@@ -693,7 +737,11 @@ def main(argv=None):
     print(f"\nkNN top-1 on {n_test} test images (memory bank: the {n_train} training images):")
     for key, name in (("swav", "SwAV"), ("random_init", "random init"), ("raw_pixels", "raw pixels")):
         r = results[key]
-        print(f"  {name:12s} 20-NN {r['knn20']:6.2f}%   200-NN {r['knn200']:6.2f}%   5-NN {r['nn5_euclid']:6.2f}%")
+        line = f"  {name:12s} 20-NN {r['knn20']:6.2f}%   200-NN {r['knn200']:6.2f}%   5-NN {r['nn5_euclid']:6.2f}%"
+        if "range" in r:
+            line += (f"   (mean of {len(r['per_init'])} initialisations; 20-NN "
+                     f"{r['range']['knn20'][0]:.2f}-{r['range']['knn20'][1]:.2f}%)")
+        print(line)
     print(f"prototypes: {protos['swav']['prototypes_used']}/{protos['swav']['num_prototypes']} used on the test "
           f"images, purity {protos['swav']['purity_pct']:.1f}% (random init {protos['random_init']['purity_pct']:.1f}%)")
     print(f"time: total {_fmt_secs(total)} (data {t_data:.0f}s, training {t_train:.0f}s, evaluation {t_eval:.0f}s, "
