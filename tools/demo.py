@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -206,8 +207,6 @@ def _hydra_value(v):
 
 
 def compose_config(overrides):
-    import warnings
-
     import vissl  # noqa: F401  (the plugin registers itself on import)
     from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
 
@@ -527,7 +526,7 @@ def make_figure(path, curve, results, protos, test_x, meta):
         for i, (b, v) in enumerate(zip(bars, vals)):
             top = v if yerr is None else v + yerr[1][i]
             ax.text(b.get_x() + b.get_width() / 2, top + 0.3, f"{v:.1f}", ha="center", va="bottom", fontsize=8.5)
-    lo = max(0.0, np.floor(min(allv) / 5.0) * 5.0 - 5.0)
+    lo = max(0.0, np.floor(min(allv) / 5.0) * 5.0 - 12.0)  # room for the legend under the bars
     ax.set_ylim(lo, min(100.0, max(allv) + 6.0))
     ax.set_xticks(x, [lbl for _, lbl in metrics])
     ax.set_ylabel("top-1 accuracy on the test images (%)")
@@ -568,6 +567,11 @@ def make_figure(path, curve, results, protos, test_x, meta):
 
 
 def main(argv=None):
+    # VISSL 0.1.6 / Classy Vision import-time deprecation notices (torch.jit.script, Hydra
+    # version_base, ...) would drown the progress display; the training log keeps them
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
