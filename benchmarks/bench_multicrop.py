@@ -24,10 +24,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-FASHION_DIR = os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
+from bench_input_pipeline import transforms  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
-MEAN = [0.485, 0.456, 0.406]
-STD = [0.229, 0.224, 0.225]
+FASHION_DIR = os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
 
 
 def load_images(n, size):
@@ -47,23 +46,8 @@ def build(recipe):
     import vissl  # noqa: F401  (registers the plugin through the .pth hook)
     from vissl.data.ssl_transforms import get_transform
 
-    num, sizes, scales = recipe
-    total = sum(num)
-    vissl_chain = [
-        {"name": "ImgPilToMultiCrop", "total_num_crops": total, "num_crops": num,
-         "size_crops": sizes, "crop_scales": scales},
-        {"name": "RandomHorizontalFlip", "p": 0.5},
-        {"name": "ImgPilColorDistortion", "strength": 1.0},
-        {"name": "ImgPilGaussianBlur", "p": 0.5, "radius_min": 0.1, "radius_max": 2.0},
-        {"name": "ToTensor"},
-        {"name": "Normalize", "mean": MEAN, "std": STD},
-    ]
-    ours = [
-        {"name": "multicrop_plugin", "total_num_crops": total, "num_crops": num,
-         "size_crops": sizes, "crop_scales": scales, "flip_p": 0.5, "color_strength": 1.0,
-         "blur_p": 0.5, "blur_sigma": [0.1, 2.0], "mean": MEAN, "std": STD},
-    ]
-    return get_transform(vissl_chain), get_transform(ours)
+    # the same two transform lists as the input-pipeline benchmark
+    return get_transform(transforms("vissl", recipe)), get_transform(transforms("ours", recipe))
 
 
 def run_once(transform, images):
