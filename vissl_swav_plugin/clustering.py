@@ -34,53 +34,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from vissl_swav_plugin.distributed import (
+    active as dist_active,
+    all_gather_rows,
+    all_reduce_ as _all_reduce_,
+    broadcast_,
+    world_size_and_rank,
+)
 from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
 
 IGNORE_INDEX = -100
-
-
-# --------------------------------------------------------------------------------------
-# distributed helpers
-# --------------------------------------------------------------------------------------
-def dist_active(distributed: Optional[bool] = None) -> bool:
-    if distributed is None:
-        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    return bool(distributed)
-
-
-def world_size_and_rank(distributed: Optional[bool] = None) -> Tuple[int, int]:
-    if dist_active(distributed):
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
-
-
-def _all_reduce_(t: torch.Tensor, op=None, distributed: Optional[bool] = None):
-    if dist_active(distributed):
-        dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op)
-    return t
-
-
-def all_gather_rows(x: torch.Tensor, distributed: Optional[bool] = None) -> torch.Tensor:
-    """Concatenate (along dim 0, rank order) tensors whose first dimension differs per process."""
-    if not dist_active(distributed):
-        return x
-    world = dist.get_world_size()
-    n = torch.tensor([x.shape[0]], device=x.device, dtype=torch.long)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n)
-    sizes = [int(s.item()) for s in sizes]
-    m = max(sizes)
-    padded = x.new_zeros((m,) + tuple(x.shape[1:]))
-    padded[: x.shape[0]] = x
-    out = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(out, padded.contiguous())
-    return torch.cat([o[:s] for o, s in zip(out, sizes)], dim=0)
-
-
-def broadcast_(t: torch.Tensor, src: int = 0, distributed: Optional[bool] = None):
-    if dist_active(distributed):
-        dist.broadcast(t, src)
-    return t
 
 
 def gather_table(

@@ -5,11 +5,12 @@ Output format matches VISSL's ``swav_head`` -- ``[z, z @ C_0^T, z @ C_1^T, ...]`
 the L2-normalised projection -- so VISSL's tooling (feature extraction, linear eval) and
 our loss both consume it.  Differences from VISSL's head: prototypes are unit-norm from
 initialisation (so freezing and re-normalising commute), the prototype layers are found
-by type (:func:`find_prototype_heads`) instead of by parameter-name prefix, which is what
+by name wherever they sit (:func:`find_prototype_layers`) instead of by parameter-name prefix, which is what
 makes our freeze / normalisation / queue hooks independent of DDP/FSDP wrappers, and the
 constructor validates its arguments.
 """
-from typing import List, Sequence
+import re
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -78,11 +79,9 @@ class SwAVPluginHead(nn.Module):
     def prototype_layers(self) -> List[nn.Linear]:
         return [getattr(self, f"prototypes{i}") for i in range(self.nmb_heads)]
 
-    @torch.no_grad()
     def normalize_prototypes(self) -> None:
-        for layer in self.prototype_layers():
-            w = layer.weight
-            w.copy_(nn.functional.normalize(w.float(), dim=1, p=2).to(w.dtype))
+        """L2-normalise every prototype of this head in place."""
+        normalize_prototypes_(self.prototype_layers())
 
     def forward(self, batch: torch.Tensor):
         if isinstance(batch, (list, tuple)):
@@ -99,10 +98,59 @@ class SwAVPluginHead(nn.Module):
         return out
 
 
-def find_prototype_heads(model: nn.Module) -> List[SwAVPluginHead]:
-    """Every :class:`SwAVPluginHead` inside ``model``, whatever wraps it (DDP, FSDP, ...)."""
-    return [m for m in model.modules() if isinstance(m, SwAVPluginHead)]
+_PROTOTYPE_NAME = re.compile(r"prototypes(\d+)$")
+#: name prefixes that wrappers (DDP, FSDP, activation checkpointing) put before a module's name
+WRAPPER_PREFIXES = ("module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_fpw_module.")
+
+
+def strip_wrapper_prefixes(name: str) -> str:
+    """``name`` without the path components that DDP / FSDP / checkpoint wrappers insert."""
+    parts = [p for p in name.split(".") if p + "." not in WRAPPER_PREFIXES]
+    return ".".join(parts)
+
+
+def find_prototype_layers(model: nn.Module) -> Dict[int, Tuple[str, nn.Linear]]:
+    """The prototype layers ``C_h`` of ``model``: ``{h: (name, layer)}``, sorted by ``h``.
+
+    A prototype layer is any sub-module called ``prototypes<h>`` -- the naming of our
+    :class:`SwAVPluginHead` (and DeepCluster-v2's head built on it) and of VISSL's own
+    ``swav_head`` -- found wherever it sits: in a plain model, under DDP's ``module.``,
+    FSDP's or checkpoint wrappers (their prefixes are removed from ``name``).
+
+    Raises:
+        ValueError: a ``prototypes<h>`` module is not a plain bias-free ``nn.Linear``
+            (weight-normalised prototypes are not supported), or two layers share ``h``.
+    """
+    found: Dict[int, Tuple[str, nn.Linear]] = {}
+    for raw_name, module in model.named_modules():
+        match = _PROTOTYPE_NAME.match(raw_name.rsplit(".", 1)[-1])
+        if match is None:
+            continue
+        name = strip_wrapper_prefixes(raw_name)
+        if not isinstance(module, nn.Linear) or "weight" not in module._parameters:
+            raise ValueError(
+                f"module {name}: only plain linear prototype layers are supported "
+                "(weight-normalised prototypes are not)"
+            )
+        h = int(match.group(1))
+        if h in found:
+            raise ValueError(
+                f"model has two prototype layers with index {h} ({found[h][0]} and {name}); "
+                "use a single prototypes head"
+            )
+        found[h] = (name, module)
+    return dict(sorted(found.items()))
 
 
 def prototype_parameters(model: nn.Module) -> List[nn.Parameter]:
-    return [layer.weight for head in find_prototype_heads(model) for layer in head.prototype_layers()]
+    """The weight matrices (K_h x D) of every prototype layer of ``model``, in order of ``h``."""
+    return [layer.weight for _, layer in find_prototype_layers(model).values()]
+
+
+@torch.no_grad()
+def normalize_prototypes_(layers: Sequence[nn.Linear]) -> None:
+    """L2-normalise each prototype (each row of every layer's weight) in place, computing
+    in fp32 whatever the parameter dtype (the paper: ``C`` has unit-norm columns)."""
+    for layer in layers:
+        w = layer.weight
+        w.copy_(nn.functional.normalize(w.float(), dim=1, p=2).to(w.dtype))

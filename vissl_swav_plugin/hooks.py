@@ -25,7 +25,7 @@ from typing import Callable, Dict, List
 import torch
 from classy_vision.hooks.classy_hook import ClassyHook
 
-from vissl_swav_plugin.heads import find_prototype_heads, prototype_parameters
+from vissl_swav_plugin.heads import find_prototype_layers, normalize_prototypes_, prototype_parameters
 
 
 _LOSS_HOOK_FACTORIES: Dict[str, Callable] = {}
@@ -80,14 +80,14 @@ class NoOpHook(ClassyHook):
     on_exception = ClassyHook._noop
 
 
-def _plugin_heads(task):
-    heads = find_prototype_heads(task.model)
-    if not heads:
+def _prototype_layers(task):
+    layers = [layer for _, layer in find_prototype_layers(task.model).values()]
+    if not layers:
         raise RuntimeError(
-            "vissl_swav_plugin: LOSS.name is swav_plugin_loss but the model has no "
-            "swav_plugin_head; set MODEL.HEAD.PARAMS=[[swav_plugin_head, {...}]]"
+            "vissl_swav_plugin: LOSS.name is swav_plugin_loss but the model has no prototype "
+            "layers; set MODEL.HEAD.PARAMS=[[swav_plugin_head, {...}]]"
         )
-    return heads
+    return layers
 
 
 class SwAVAssignmentHook(NoOpHook):
@@ -97,8 +97,7 @@ class SwAVAssignmentHook(NoOpHook):
         self.checkpoint_iter_frequency = int(checkpoint_iter_frequency)
 
     def _attach(self, task):
-        head = _plugin_heads(task)[0]
-        task.loss.set_prototypes(head.prototype_layers())
+        task.loss.set_prototypes(_prototype_layers(task))
 
     def on_start(self, task) -> None:
         self._attach(task)
@@ -151,7 +150,8 @@ def guard_finite_model_output(task) -> None:
     tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if torch.is_tensor(t)]
     if not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):
         return
-    from vissl_swav_plugin.swav_loss import NonFiniteLossError, _rank
+    from vissl_swav_plugin.distributed import rank as _rank
+    from vissl_swav_plugin.swav_loss import NonFiniteLossError
 
     it = int(task.iteration)
     out_dir = getattr(task.loss, "output_dir", None) or task.checkpoint_folder or "."
@@ -191,8 +191,7 @@ class NormalizePrototypesHook(NoOpHook):
     def on_update(self, task) -> None:
         if task.iteration < self.frozen_niters:
             return
-        for head in find_prototype_heads(task.model):
-            head.normalize_prototypes()
+        normalize_prototypes_(_prototype_layers(task))
 
 
 class TraceHook(NoOpHook):
@@ -208,7 +207,7 @@ class TraceHook(NoOpHook):
         import json
         import os
 
-        from vissl_swav_plugin.swav_loss import _rank
+        from vissl_swav_plugin.distributed import rank as _rank
 
         rec = {"event": event, "iteration": int(task.iteration), "epoch": int(task.train_phase_idx)}
         protos = prototype_parameters(task.model)

@@ -30,16 +30,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-
-def _dist_active(distributed: Optional[bool]) -> bool:
-    if distributed is None:
-        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    return bool(distributed)
-
-
-def _all_reduce(t: torch.Tensor, op, group) -> torch.Tensor:
-    dist.all_reduce(t, op=op, group=group)
-    return t
+from vissl_swav_plugin.distributed import active as _dist_active, all_reduce_
 
 
 @torch.no_grad()
@@ -94,8 +85,8 @@ def sinkhorn_knopp(
         ]
     )
     if use_dist:
-        g_max = _all_reduce(stats[:1].clone(), dist.ReduceOp.MAX, group)
-        g_cnt = _all_reduce(stats[1:].clone(), dist.ReduceOp.SUM, group)
+        g_max = all_reduce_(stats[:1].clone(), dist.ReduceOp.MAX, True, group)
+        g_cnt = all_reduce_(stats[1:].clone(), dist.ReduceOp.SUM, True, group)
         global_max, n_total = g_max[0], g_cnt[0]
     else:
         global_max, n_total = stats[0], stats[1]
@@ -111,7 +102,7 @@ def sinkhorn_knopp(
     for it in range(int(num_iters)):
         row_sums = torch.mv(P.t(), v)  # K: prototype marginals of this process
         if use_dist:
-            _all_reduce(row_sums, dist.ReduceOp.SUM, group)
+            all_reduce_(row_sums, dist.ReduceOp.SUM, True, group)
         u = r / row_sums.clamp_min_(tiny)
         if it + 1 < num_iters:
             v = c / torch.mv(P, u).clamp_min_(tiny)

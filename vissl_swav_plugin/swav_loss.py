@@ -27,17 +27,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from classy_vision.losses import ClassyLoss, register_loss
 
+from vissl_swav_plugin.distributed import rank as _rank, world_size as _world
 from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
 
 LOSS_NAME = "swav_plugin_loss"
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 class NonFiniteLossError(FloatingPointError):
