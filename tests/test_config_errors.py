@@ -18,7 +18,12 @@ L = "config.LOSS.swav_plugin_loss"
     (f"{L}.queue.queue_length=15", "queue.queue_length"),         # not divisible by 2 processes
     (f"{L}.queue.start_epoch=-1", "queue.start_epoch"),
     (f"{L}.freeze_prototypes_niters=-3", "freeze_prototypes_niters"),
-    ("config.MODEL.HEAD.PARAMS=[[swav_head,{dims:[2048,16],num_clusters:[20]}]]", "MODEL.HEAD.PARAMS"),
+    ("config.MODEL.HEAD.PARAMS=[[mlp,{dims:[2048,16]}]]", "MODEL.HEAD.PARAMS"),
+    ("config.MODEL.HEAD.PARAMS=[[swav_head,{dims:[2048,16],num_clusters:[20],use_weight_norm_prototypes:True}]]",
+     "use_weight_norm_prototypes"),
+    ("config.MODEL.HEAD.PARAMS=[[swav_head,{dims:[2048,16],num_clusters:[20],return_embeddings:False}]]",
+     "return_embeddings"),
+    (f"{L}.queue.use_before_full=1", "queue.use_before_full"),
     ("config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[2048,16],num_clusters:[0]}]]", "num_prototypes"),
     ("config.DATA.TRAIN.COLLATE_FUNCTION=default_collate", "COLLATE_FUNCTION"),
 ])

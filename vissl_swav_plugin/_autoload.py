@@ -9,6 +9,13 @@ notebook -- the finder lets VISSL's own loader run and then calls
 :func:`vissl_swav_plugin.register_all`, so our losses, heads, hooks, transforms and Hydra
 config search path exist before VISSL looks anything up.
 
+Import order: when the first ``import vissl`` happens *inside* the import of one of our
+own modules (``import vissl_swav_plugin.heads`` in a fresh interpreter imports
+``vissl.models.heads``), registering at once would import our other modules while that
+one is only half initialised (a circular ImportError).  The finder therefore also
+watches our own submodules and, in that case, registers right after the outermost of
+them has finished importing.  Every module imports in any order.
+
 Set ``VISSL_SWAV_PLUGIN_DISABLE=1`` to switch the automatic registration off.
 """
 import importlib.abc
@@ -17,39 +24,71 @@ import os
 import sys
 
 TRIGGER = "vissl"
+PACKAGE = "vissl_swav_plugin"
+
+
+def _register():
+    from vissl_swav_plugin import register_all
+
+    register_all()
 
 
 class _RegisterAfterVissl(importlib.abc.MetaPathFinder):
+    """Wraps the loaders of ``vissl`` (register after it) and of our own submodules
+    (count how deep we are inside our own imports, to defer registration)."""
+
     def __init__(self):
-        self._busy = False
+        self._busy = set()
+        self.depth = 0  # how many of our own modules are executing right now
+        self.pending = False  # vissl was imported inside one of them: register after it
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != TRIGGER or self._busy:
+        ours = fullname.startswith(PACKAGE + ".")
+        if (fullname != TRIGGER and not ours) or fullname in self._busy:
             return None
-        self._busy = True
+        self._busy.add(fullname)
         try:
             spec = importlib.util.find_spec(fullname)
         finally:
-            self._busy = False
+            self._busy.discard(fullname)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _Loader(spec.loader)
+        spec.loader = _Loader(spec.loader, self, ours)
         return spec
+
+    def after_vissl(self):
+        if self.depth > 0:
+            self.pending = True
+        else:
+            _register()
+
+    def after_own_module(self):
+        if self.depth == 0 and self.pending:
+            self.pending = False
+            _register()
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner):
+    def __init__(self, inner, finder, ours):
         self._inner = inner
+        self._finder = finder
+        self._ours = ours
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module):
-        self._inner.exec_module(module)
-        # VISSL's package __init__ is now complete; register our components.
-        from vissl_swav_plugin import register_all
-
-        register_all()
+        if not self._ours:
+            self._inner.exec_module(module)
+            # VISSL's package __init__ is now complete; register our components.
+            self._finder.after_vissl()
+            return
+        self._finder.depth += 1
+        try:
+            self._inner.exec_module(module)
+        finally:
+            self._finder.depth -= 1
+        self._finder.after_own_module()
 
     def __getattr__(self, name):  # get_resource_reader, is_package, ... for importlib
         return getattr(self._inner, name)
@@ -60,9 +99,7 @@ def install() -> None:
     if os.environ.get("VISSL_SWAV_PLUGIN_DISABLE"):
         return
     if TRIGGER in sys.modules:
-        from vissl_swav_plugin import register_all
-
-        register_all()
+        _register()
         return
     if not any(isinstance(f, _RegisterAfterVissl) for f in sys.meta_path):
         sys.meta_path.insert(0, _RegisterAfterVissl())

@@ -105,37 +105,62 @@ def validate_swav_loss_config(lc, prefix="LOSS.swav_plugin_loss"):
         )
     if len(set(cfa)) != len(cfa):
         raise ConfigError(f"config.{prefix}.crops_for_assign={list(cfa)} repeats a crop")
+    from vissl_swav_plugin.swav_loss import DEFAULTS, QUEUE_DEFAULTS
+
     q = lc.get("queue", {}) or {}
-    require_int(q.get("queue_length", 0), f"{prefix}.queue.queue_length")
-    require_int(q.get("start_epoch", 0), f"{prefix}.queue.start_epoch")
-    require_int(lc.get("freeze_prototypes_niters", 0), f"{prefix}.freeze_prototypes_niters")
-    require_int(lc.get("temp_hard_assignment_iters", 0), f"{prefix}.temp_hard_assignment_iters")
+    for key in ("queue_length", "start_epoch"):
+        require_int(q.get(key, QUEUE_DEFAULTS[key]), f"{prefix}.queue.{key}")
+    require_bool(q.get("use_before_full", QUEUE_DEFAULTS["use_before_full"]), f"{prefix}.queue.use_before_full")
+    for key in ("freeze_prototypes_niters", "temp_hard_assignment_iters"):
+        require_int(lc.get(key, DEFAULTS[key]), f"{prefix}.{key}")
     for flag in ("use_double_precision", "hard_assignment", "distributed_sinkhorn", "normalize_prototypes"):
-        if flag in lc:
-            require_bool(lc[flag], f"{prefix}.{flag}")
+        require_bool(lc.get(flag, DEFAULTS[flag]), f"{prefix}.{flag}")
+
+
+#: heads whose output is ``[embeddings, scores_0, ...]`` with plain ``prototypes<h>`` layers
+PROTOTYPE_HEADS = ("swav_plugin_head", "swav_head")
+
+
+def _prototype_head_of(cfg, prefix):
+    """``(name, params)`` of the last head of ``MODEL.HEAD.PARAMS``, which must be our
+    ``swav_plugin_head`` or VISSL's ``swav_head`` (with plain prototypes and embeddings)."""
+    heads = cfg.MODEL.HEAD.PARAMS
+    if not heads or heads[-1][0] not in PROTOTYPE_HEADS:
+        raise ConfigError(
+            f"config.MODEL.HEAD.PARAMS must end with a swav_plugin_head (or VISSL's swav_head) for "
+            f"{prefix}; got {[h[0] for h in heads] if heads else heads}"
+        )
+    name, params = heads[-1][0], heads[-1][1]
+    if name == "swav_head":
+        if params.get("use_weight_norm_prototypes", False):
+            raise ConfigError(
+                f"config.MODEL.HEAD.PARAMS: swav_head with use_weight_norm_prototypes=True is not "
+                f"supported by {prefix} (its prototypes are normalised by the plugin's hooks); set it "
+                "to False or use swav_plugin_head"
+            )
+        if not params.get("return_embeddings", True):
+            raise ConfigError(
+                f"config.MODEL.HEAD.PARAMS: swav_head needs return_embeddings=True for {prefix} "
+                "(the loss reads the embeddings for the queue)"
+            )
+    return name, params
 
 
 @register_config_inference("swav_plugin_loss")
 def infer_swav_plugin_loss(cfg):
     prefix = "LOSS.swav_plugin_loss"
     lc = cfg.LOSS.swav_plugin_loss
-    heads = cfg.MODEL.HEAD.PARAMS
-    if not heads or heads[-1][0] != "swav_plugin_head":
-        raise ConfigError(
-            f"config.MODEL.HEAD.PARAMS must end with a swav_plugin_head for {prefix}; "
-            f"got {[h[0] for h in heads] if heads else heads}"
-        )
-    head = heads[-1][1]
+    head_name, head = _prototype_head_of(cfg, prefix)
     if "num_clusters" not in head or "dims" not in head:
-        raise ConfigError("config.MODEL.HEAD.PARAMS: swav_plugin_head needs 'dims' and 'num_clusters'")
+        raise ConfigError(f"config.MODEL.HEAD.PARAMS: {head_name} needs 'dims' and 'num_clusters'")
     if not isinstance(head["num_clusters"], (list, tuple)):
         raise ConfigError(
-            "config.MODEL.HEAD.PARAMS: swav_plugin_head 'num_clusters' must be a list of prototype "
+            f"config.MODEL.HEAD.PARAMS: {head_name} 'num_clusters' must be a list of prototype "
             f"counts, e.g. [3000]; got {head['num_clusters']!r}"
         )
     if not isinstance(head["dims"], (list, tuple)) or len(head["dims"]) < 2:
         raise ConfigError(
-            "config.MODEL.HEAD.PARAMS: swav_plugin_head 'dims' must list >= 2 sizes, e.g. [2048, 128]; "
+            f"config.MODEL.HEAD.PARAMS: {head_name} 'dims' must list >= 2 sizes, e.g. [2048, 128]; "
             f"got {head['dims']!r}"
         )
     lc.num_prototypes = list(head["num_clusters"])

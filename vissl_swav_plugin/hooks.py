@@ -26,6 +26,7 @@ import torch
 from classy_vision.hooks.classy_hook import ClassyHook
 
 from vissl_swav_plugin.heads import find_prototype_layers, normalize_prototypes_, prototype_parameters
+from vissl_swav_plugin.swav_loss import DEFAULTS, QUEUE_DEFAULTS
 
 
 _LOSS_HOOK_FACTORIES: Dict[str, Callable] = {}
@@ -103,7 +104,7 @@ class SwAVAssignmentHook(NoOpHook):
         self._attach(task)
 
     def on_phase_start(self, task) -> None:
-        if not task.train or not len(task.loss.queues):
+        if not task.train or not task.loss.has_queue:
             return
         epoch = task.train_phase_idx
         active = epoch >= self.queue_start_epoch
@@ -116,16 +117,15 @@ class SwAVAssignmentHook(NoOpHook):
         guard_finite_model_output(task)
 
     def _gather(self, task):
-        for q in task.loss.queues:
-            q.gather_for_checkpoint()
+        task.loss.gather_queues_for_checkpoint()
 
     def on_step(self, task) -> None:
         f = self.checkpoint_iter_frequency
-        if task.train and len(task.loss.queues) and f > 0 and task.iteration % f == 0:
+        if task.train and task.loss.has_queue and f > 0 and task.iteration % f == 0:
             self._gather(task)
 
     def on_phase_end(self, task) -> None:
-        if task.train and len(task.loss.queues):
+        if task.train and task.loss.has_queue:
             self._gather(task)
 
 
@@ -168,6 +168,10 @@ def guard_finite_model_output(task) -> None:
 
 
 class FreezePrototypesHook(NoOpHook):
+    """Prototypes get no update for the first ``niters`` iterations (paper App. A.1:
+    "freeze the prototypes during the first epoch"): their gradient is set to ``None``
+    after the backward pass, so neither momentum nor weight decay moves them."""
+
     def __init__(self, niters: int):
         super().__init__()
         self.niters = int(niters)
@@ -182,11 +186,25 @@ class FreezePrototypesHook(NoOpHook):
 
 
 class NormalizePrototypesHook(NoOpHook):
-    """Re-normalise after every update; frozen prototypes (not updated) are left bit-exact."""
+    """Keeps the prototypes L2-normalised before every forward pass, as the official code
+    (which normalises at the start of every iteration): once at the start of the run (so
+    prototypes loaded from another tool's checkpoint or a user's initialisation are
+    normalised before the freeze window, which then keeps them), then after every update.
+    Frozen prototypes that are already unit-norm are left bit-exact."""
+
+    #: a prototype whose norm differs from 1 by more than this is re-normalised at start
+    NORM_TOLERANCE = 1e-5
 
     def __init__(self, frozen_niters: int = 0):
         super().__init__()
         self.frozen_niters = int(frozen_niters)
+
+    def on_start(self, task) -> None:
+        layers = _prototype_layers(task)
+        err = max(float((l.weight.detach().float().norm(dim=1) - 1).abs().max()) for l in layers)
+        if err > self.NORM_TOLERANCE:
+            logging.info(f"Prototypes are not unit-norm at start (max |norm - 1| = {err:.3g}): L2-normalised")
+            normalize_prototypes_(layers)
 
     def on_update(self, task) -> None:
         if task.iteration < self.frozen_niters:
@@ -216,13 +234,9 @@ class TraceHook(NoOpHook):
             rec["proto_sum"] = float(w.sum())
             rec["proto_abs_sum"] = float(w.abs().sum())
             rec["proto_norm_err"] = float((w.norm(dim=1) - 1).abs().max())
-        queues = getattr(task.loss, "queues", None)
-        if queues is not None and len(queues):
-            q = queues[0]
-            rec["queue_active"] = bool(q.active)
-            rec["queue_filled"] = int(q.filled)
-            rec["queue_sum"] = float(q.embeddings.double().sum())
-            rec["queue_abs_sum"] = float(q.embeddings.double().abs().sum())
+        queue_summary = getattr(task.loss, "queue_summary", None)
+        if queue_summary is not None:
+            rec.update(queue_summary())
         if event == "update" and task.last_batch is not None and task.last_batch.loss is not None:
             rec["loss"] = float(task.last_batch.loss)
         os.makedirs(self.out_dir, exist_ok=True)
@@ -245,13 +259,15 @@ def swav_hooks(cfg) -> List[ClassyHook]:
     loss_cfg = cfg.LOSS["swav_plugin_loss"]
     hooks: List[ClassyHook] = [
         SwAVAssignmentHook(
-            loss_cfg.queue.start_epoch, cfg.CHECKPOINT.get("CHECKPOINT_ITER_FREQUENCY", 0)
+            (loss_cfg.get("queue") or {}).get("start_epoch", QUEUE_DEFAULTS["start_epoch"]),
+            cfg.CHECKPOINT.get("CHECKPOINT_ITER_FREQUENCY", 0),
         )
     ]
-    if int(loss_cfg.freeze_prototypes_niters) > 0:
-        hooks.append(FreezePrototypesHook(loss_cfg.freeze_prototypes_niters))
-    if loss_cfg.normalize_prototypes:
-        hooks.append(NormalizePrototypesHook(loss_cfg.freeze_prototypes_niters))
+    freeze = int(loss_cfg.get("freeze_prototypes_niters", DEFAULTS["freeze_prototypes_niters"]))
+    if freeze > 0:
+        hooks.append(FreezePrototypesHook(freeze))
+    if loss_cfg.get("normalize_prototypes", DEFAULTS["normalize_prototypes"]):
+        hooks.append(NormalizePrototypesHook(freeze))
     trace_dir = os.environ.get("VISSL_SWAV_PLUGIN_TRACE_DIR")
     if trace_dir:
         hooks.append(TraceHook(trace_dir))

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from vissl_swav_plugin.distributed import active as _dist_active, all_reduce_
+from vissl_swav_plugin.precision import autocast_disabled
 
 
 @torch.no_grad()
@@ -55,6 +56,20 @@ def sinkhorn_knopp(
         dtype: computation dtype, float32 (default) or float64.
         distributed: all-reduce the marginals over ``group``; default: when a process
             group with more than one process is initialised.
+
+    Precision: the whole computation runs with autocast switched off (CUDA's fp16
+    autocast would otherwise run the ``torch.mv`` products in fp16, whose clamps
+    underflow), in ``dtype``, whatever the dtype of ``scores`` and the caller's autocast
+    state.
+
+    Returns:
+        Codes ``Q`` (B x K, ``dtype``): the paper's ``Q*`` transposed, each row a
+        distribution over the K prototypes (one-hot rows with ``hard``).
+
+    Example::
+
+        >>> q = sinkhorn_knopp(torch.randn(256, 3000), epsilon=0.05, num_iters=3)
+        >>> q.sum(1)  # ones
     """
     if scores.dim() != 2:
         raise ValueError(f"sinkhorn_knopp: scores must be 2-D (B x K), got {tuple(scores.shape)}")
@@ -64,7 +79,13 @@ def sinkhorn_knopp(
         raise ValueError(f"sinkhorn_knopp: num_iters must be >= 1, got {num_iters}")
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"sinkhorn_knopp: dtype must be float32 or float64, got {dtype}")
-    use_dist = _dist_active(distributed)
+    with autocast_disabled(scores):
+        return _sinkhorn_iterates(scores, float(epsilon), int(num_iters), hard, dtype,
+                                  _dist_active(distributed), group)
+
+
+def _sinkhorn_iterates(scores, epsilon, num_iters, hard, dtype, use_dist, group):
+    """The body of :func:`sinkhorn_knopp` (arguments checked, autocast off)."""
     B, K = scores.shape
     tiny = torch.finfo(dtype).tiny
 

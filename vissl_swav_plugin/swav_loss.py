@@ -28,9 +28,27 @@ import torch.nn as nn
 from classy_vision.losses import ClassyLoss, register_loss
 
 from vissl_swav_plugin.distributed import rank as _rank, world_size as _world
+from vissl_swav_plugin.precision import autocast_disabled, compute_dtype
 from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
 
 LOSS_NAME = "swav_plugin_loss"
+
+#: Optional keys of ``LOSS.swav_plugin_loss`` and their defaults (the same in validation and
+#: at run time).  The required keys are ``temperature``, ``epsilon``, ``num_iters``,
+#: ``crops_for_assign``, ``num_crops``, ``num_prototypes`` and ``embedding_dim``.
+DEFAULTS = {
+    "use_double_precision": False,
+    "hard_assignment": False,
+    "temp_hard_assignment_iters": 0,
+    "distributed_sinkhorn": True,
+    "normalize_prototypes": True,
+    "freeze_prototypes_niters": 0,
+    "output_dir": ".",
+}
+#: Keys of ``LOSS.swav_plugin_loss.queue`` and their defaults.  ``use_before_full: False``
+#: is the official implementation's behaviour (the queue is scored only once it is full);
+#: ``True`` scores the valid part of a queue that is still filling.
+QUEUE_DEFAULTS = {"queue_length": 0, "start_epoch": 0, "local_queue_length": 0, "use_before_full": False}
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -46,16 +64,29 @@ def swapped_prediction_loss(
 ) -> torch.Tensor:
     """Mean over assigned crops i of the cross-entropy of q_i against every other crop.
 
-    ``scores``: (num_crops * B) x K (crop-major); ``codes[j]``: B x K for crop
-    ``crops_for_assign[j]``.  Computed in the dtype of ``codes``.
+    The paper's Eq. (1)-(2) with multi-crop (Sec. 3.2): ``p_v = softmax(z_v^T C / T)`` and
+
+        L = 1/|A| sum_{i in A} 1/(V-1) sum_{v != i} mean_b  -sum_k q_i[b,k] log p_v[b,k]
+
+    Args:
+        scores: (num_crops * B) x K prototype scores ``z^T C``, crop-major.
+        codes: ``codes[j]`` (B x K) are the codes of crop ``crops_for_assign[j]``.
+        crops_for_assign: the crop indices ``A`` whose codes are predicted.
+        num_crops: ``V``, the number of crops per image.
+        temperature: ``T``.
+
+    Returns:
+        The scalar loss, in the dtype of ``codes`` (fp32 or fp64): the log-softmax runs
+        with autocast off whatever dtype the scores arrive in.
     """
     n, K = scores.shape
     bs = n // num_crops
-    logp = torch.log_softmax(scores.to(codes[0].dtype) / temperature, dim=1).view(num_crops, bs, K)
-    logp_sum = logp.sum(dim=0)  # B x K: sum over all crops
-    total = scores.new_zeros((), dtype=codes[0].dtype)
-    for q, i in zip(codes, crops_for_assign):
-        total = total - torch.sum(q * (logp_sum - logp[i])) / (bs * (num_crops - 1))
+    with autocast_disabled(scores):
+        logp = torch.log_softmax(scores.to(codes[0].dtype) / temperature, dim=1).view(num_crops, bs, K)
+        logp_sum = logp.sum(dim=0)  # B x K: sum over all crops
+        total = scores.new_zeros((), dtype=codes[0].dtype)
+        for q, i in zip(codes, crops_for_assign):
+            total = total - torch.sum(q * (logp_sum - logp[i])) / (bs * (num_crops - 1))
     return total / len(crops_for_assign)
 
 
@@ -79,7 +110,22 @@ class SwAVQueue(nn.Module):
         self._gathered = None
 
     def valid(self, j: int) -> torch.Tensor:
+        """The valid rows (newest first) of assigned crop slot ``j``'s queue."""
         return self.embeddings[j, : int(self.filled)]
+
+    @property
+    def full(self) -> bool:
+        """Whether every row holds an embedding (the official code's condition for use)."""
+        return int(self.filled) >= self.local_length
+
+    def summary(self) -> dict:
+        """Active flag, fill level and checksums of the stored embeddings (debug traces)."""
+        return {
+            "queue_active": bool(self.active),
+            "queue_filled": int(self.filled),
+            "queue_sum": float(self.embeddings.double().sum()),
+            "queue_abs_sum": float(self.embeddings.double().abs().sum()),
+        }
 
     @torch.no_grad()
     def push(self, new: Sequence[torch.Tensor]) -> None:
@@ -147,14 +193,17 @@ class SwAVPluginLoss(ClassyLoss):
         self.num_crops = int(cfg["num_crops"])
         self.num_prototypes = [int(k) for k in cfg["num_prototypes"]]
         self.embedding_dim = int(cfg["embedding_dim"])
-        self.use_double = bool(cfg.get("use_double_precision", False))
-        self.hard_assignment = bool(cfg.get("hard_assignment", False))
-        self.temp_hard_assignment_iters = int(cfg.get("temp_hard_assignment_iters", 0))
-        self.distributed_sinkhorn = bool(cfg.get("distributed_sinkhorn", True))
-        self.output_dir = str(cfg.get("output_dir", "."))
+        opt = {k: cfg.get(k, d) for k, d in DEFAULTS.items()}
+        self.use_double = bool(opt["use_double_precision"])
+        self.hard_assignment = bool(opt["hard_assignment"])
+        self.temp_hard_assignment_iters = int(opt["temp_hard_assignment_iters"])
+        self.distributed_sinkhorn = bool(opt["distributed_sinkhorn"])
+        self.output_dir = str(opt["output_dir"])
         queue_cfg = cfg.get("queue", {}) or {}
-        self.queue_start_epoch = int(queue_cfg.get("start_epoch", 0))
-        local_len = int(queue_cfg.get("local_queue_length", 0) or 0)
+        queue_opt = {k: queue_cfg.get(k, d) for k, d in QUEUE_DEFAULTS.items()}
+        self.queue_start_epoch = int(queue_opt["start_epoch"])
+        self.queue_use_before_full = bool(queue_opt["use_before_full"])
+        local_len = int(queue_opt["local_queue_length"] or 0)
         self.queues = nn.ModuleList(
             SwAVQueue(len(self.crops_for_assign), local_len, self.embedding_dim)
             for _ in self.num_prototypes
@@ -170,34 +219,63 @@ class SwAVPluginLoss(ClassyLoss):
         validate_swav_loss_config(loss_config, prefix=f"LOSS.{LOSS_NAME}")
         return cls(loss_config)
 
-    # -- queue --------------------------------------------------------------------------
+    # -- public interface used by the hooks ----------------------------------------------
+    @property
+    def has_queue(self) -> bool:
+        """Whether this loss keeps a queue (``queue.queue_length > 0``)."""
+        return len(self.queues) > 0
+
     @property
     def queue_active(self) -> bool:
-        return len(self.queues) > 0 and bool(self.queues[0].active)
+        """Whether the queue is being filled (from epoch ``queue.start_epoch`` on)."""
+        return self.has_queue and bool(self.queues[0].active)
 
     def set_queue_active(self, active: bool) -> None:
+        """Switch the queue on or off (the assignment hook does it at each epoch start)."""
         for q in self.queues:
             q.active.fill_(bool(active))
 
     def set_prototypes(self, layers: Optional[List[nn.Module]]) -> None:
+        """Attach the live prototype layers (one per prototype set); the queue's stored
+        embeddings are scored with them at every step."""
         self._prototypes = layers
+
+    def gather_queues_for_checkpoint(self) -> None:
+        """Collective: collect every rank's queue into rank 0's next ``state_dict``."""
+        for q in self.queues:
+            q.gather_for_checkpoint()
+
+    def queue_summary(self) -> dict:
+        """The first queue's :meth:`SwAVQueue.summary` (empty without a queue)."""
+        return self.queues[0].summary() if self.has_queue else {}
+
+    def queue_in_use(self, head_id: int) -> bool:
+        """Whether this step's codes include the queue of prototype set ``head_id``: the
+        queue is active and full (official code), or has any row with ``use_before_full``."""
+        if not self.queue_active:
+            return False
+        q = self.queues[head_id]
+        return q.full or (self.queue_use_before_full and int(q.filled) > 0)
 
     # -- forward ------------------------------------------------------------------------
     def codes_for(self, scores: torch.Tensor, head_id: int, crop_slot: int, bs: int) -> torch.Tensor:
+        """Codes ``q`` (B x K) of crop ``crops_for_assign[crop_slot]`` for prototype set
+        ``head_id``: Sinkhorn-Knopp (paper Eq. 3) on that crop's scores, extended with the
+        queue's embeddings scored by the current prototypes when :meth:`queue_in_use`.
+        Computed in fp32 (fp64 with ``use_double_precision``) with autocast off."""
         crop = self.crops_for_assign[crop_slot]
-        dtype = torch.float64 if self.use_double else torch.float32
-        with torch.no_grad():
+        dtype = compute_dtype(self.use_double)
+        with torch.no_grad(), autocast_disabled(scores):
             s = scores[bs * crop : bs * (crop + 1)].detach()
-            if self.queue_active:
+            if self.queue_in_use(head_id):
                 queue = self.queues[head_id].valid(crop_slot)
-                if queue.shape[0] > 0:
-                    if self._prototypes is None:
-                        raise RuntimeError(
-                            f"{LOSS_NAME}: the queue is active but no prototypes were attached; "
-                            "the SwAV assignment hook must run (use VISSL's default hook generator)"
-                        )
-                    w = self._prototypes[head_id].weight.detach()
-                    s = torch.cat([s.to(dtype), queue.to(dtype) @ w.to(dtype).t()])
+                if self._prototypes is None:
+                    raise RuntimeError(
+                        f"{LOSS_NAME}: the queue is active but no prototypes were attached; "
+                        "the SwAV assignment hook must run (use VISSL's default hook generator)"
+                    )
+                w = self._prototypes[head_id].weight.detach()
+                s = torch.cat([s.to(dtype), queue.to(dtype) @ w.to(dtype).t()])
             hard = self.hard_assignment or int(self.num_iteration) < self.temp_hard_assignment_iters
             q = sinkhorn_knopp(
                 s,
@@ -210,6 +288,9 @@ class SwAVPluginLoss(ClassyLoss):
         return q[:bs]
 
     def forward(self, output, target=None):
+        """The SwAV loss of the head output ``[embeddings, scores_0, scores_1, ...]``,
+        averaged over prototype sets; pushes the assigned crops' embeddings into the queue
+        when it is active (after the codes are computed, as the official code)."""
         if not isinstance(output, (list, tuple)) or len(output) < 2:
             raise ValueError(
                 f"{LOSS_NAME} expects the head output [embeddings, scores_0, ...]; got "
