@@ -41,7 +41,7 @@ setup(
     name="vissl-swav-plugin",
     version="0.1.0",
     description="SwAV, DeepCluster-v2 and SeLa-v2 as a plugin for VISSL",
-    packages=["vissl_swav_plugin"],
+    packages=["vissl_swav_plugin", "vissl_swav_plugin.demo"],
     python_requires=">=3.9",
     # Real requirements are installed by the Makefile (VISSL 0.1.6's own pins cannot
     # install on Python 3.11); listed here for information and `pip check`.

@@ -1,0 +1,70 @@
+"""The demo package's pieces (vissl_swav_plugin.demo) without running the demo: cheap
+imports, the log parsing, the Hydra overrides, the loss-curve reading, the command line.
+The demo itself runs in test_real_data_swav.py."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, launcher_env
+
+
+def test_demo_package_imports_nothing_heavy():
+    code = ("import sys, vissl_swav_plugin.demo as d\n"
+            "from vissl_swav_plugin.demo import cli, common, data, evaluation, report, training\n"
+            "print(sorted(m for m in ('torch', 'vissl', 'matplotlib', 'numpy', 'classy_vision') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], env=launcher_env(), stdout=subprocess.PIPE, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_parse_log_line():
+    from vissl_swav_plugin.demo.training import parse_log_line
+
+    line = "INFO 2026-01-01 log_hooks.py: 220: Rank: 0; [ep: 3] iter: 120; lr: [0.2989, 0.2989]; loss: 5.0123; eta: 0:01:00"
+    assert parse_log_line(line) == dict(iter=120, ep=3, loss=5.0123, lr=0.2989)
+    assert parse_log_line("INFO ... Rank: 0; [ep: 3] iter: 120; loss: oops") is None
+    assert parse_log_line("some other line") is None
+
+
+def test_hydra_value():
+    from vissl_swav_plugin.demo.training import hydra_value
+
+    assert hydra_value({"dims": [128, 256], "use_bn": True, "eps": 0.5, "act": "relu"}) == \
+        "{dims:[128,256],use_bn:True,eps:0.5,act:relu}"
+
+
+def test_read_loss_curve_prefers_stdout_json(tmp_path):
+    from vissl_swav_plugin.demo.training import read_loss_curve
+
+    parsed = [dict(iter=1, ep=0, loss=2.0, lr=0.1), dict(iter=0, ep=0, loss=3.0, lr=0.1)]
+    assert read_loss_curve(tmp_path, parsed) == sorted(parsed, key=lambda r: r["iter"])
+    rows = [dict(iter=1, ep=0, loss=4.0, lr=[0.2]), dict(iter=0, ep=0, loss=5.0, lr=0.3)]
+    (tmp_path / "stdout.json").write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    assert read_loss_curve(tmp_path, parsed) == [dict(iter=0, ep=0, loss=5.0, lr=0.3),
+                                                 dict(iter=1, ep=0, loss=4.0, lr=0.2)]
+
+
+def test_random_init_seeds_start_at_the_trainings_own():
+    from vissl_swav_plugin.demo.evaluation import random_init_seeds
+
+    assert random_init_seeds(2, 12, 3) == [24, 1024, 2024]
+
+
+def test_mode_overrides_and_bad_values():
+    from vissl_swav_plugin.demo.cli import MODES, parse_args
+
+    args, mode = parse_args(["--quick", "--epochs", "3"])
+    assert mode == dict(MODES["quick"], epochs=3) and args.procs == 2
+    with pytest.raises(SystemExit):
+        parse_args(["--procs", "0"])
+
+
+def test_tools_demo_help_lists_every_option():
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "demo.py"), "--help"], env=launcher_env(),
+                         stdout=subprocess.PIPE, text=True, check=True).stdout
+    for opt in ("--quick", "--out", "--data-dir", "--source", "--seed", "--procs", "--random-inits", "--threads",
+                "--amp", "--train-per-class", "--test-per-class", "--epochs", "--batch", "--queue", "--freeze",
+                "--prototypes", "--override"):
+        assert opt in out, opt

@@ -1,0 +1,188 @@
+"""The demo's command line (``python tools/demo.py``): options, the run's setup, and
+:func:`main`, the whole pipeline -- data, training, evaluation, report -- on one screen.
+
+Each ``*_step`` function runs one step of the pipeline with the run's settings, prints
+its progress lines and hands its result to the next; the work itself is done by
+:mod:`.data`, :mod:`.training`, :mod:`.evaluation` and :mod:`.report`.
+"""
+import argparse
+import os
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from .common import REPO, Clock, DemoError, DemoSetup, EvaluationRun, TrainingRun, fmt_secs
+from .data import prepare_data
+from .evaluation import evaluate
+from .report import REPORT_JSON, REPORT_PNG, build_report, figure_meta, make_figure, print_summary, write_json
+from .training import bf16_native, final_checkpoint, read_loss_curve, run_training, training_overrides
+
+DESCRIPTION = "`make demo`: SwAV on Fashion-MNIST on a few CPU cores, end to end."
+
+# Settings of the two modes.  Everything not listed comes from the yaml config.
+MODES = {
+    "full": dict(train_per_class=1000, test_per_class=1000, epochs=16, batch=64, queue=0,
+                 freeze=100, prototypes=100),
+    "quick": dict(train_per_class=500, test_per_class=100, epochs=12, batch=64, queue=0,
+                  freeze=30, prototypes=100),
+}
+
+
+def main(argv=None):
+    """Run the demo; returns the exit code (0, or 2 after a ``demo: error: ...`` line).
+
+    Example: ``main(["--quick", "--out", "/tmp/demo"])``; ``python tools/demo.py --help``
+    lists the options.
+    """
+    _quiet_import_warnings()
+    args, mode = parse_args(argv)
+    clock = Clock()
+    setup = make_setup(args, mode)
+    print(f"SwAV demo ({setup.label}): report in {setup.out}", flush=True)
+    try:
+        data, t_data = data_step(setup)
+        train = training_step(setup, data)
+        evaluation = evaluation_step(setup, data, train)
+        times, png = report_step(setup, clock, data, train, evaluation, t_data)
+    except DemoError as e:
+        print(f"demo: error: {e}", file=sys.stderr)
+        return 2
+    print_summary(evaluation.results, evaluation.protos, len(data["train_y"]), len(data["test_y"]), times,
+                  png, setup.out / REPORT_JSON)
+    return 0
+
+
+def _quiet_import_warnings():
+    # VISSL 0.1.6 / Classy Vision import-time deprecation notices (torch.jit.script, Hydra
+    # version_base, ...) would drown the progress display; the training log keeps them
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+
+
+def build_parser():
+    """The demo's ``argparse`` parser (every option of ``tools/demo.py``)."""
+    ap = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="smaller run (5000 train / 1000 test images, 12 epochs), about 4 minutes; used by the tests")
+    ap.add_argument("--out", default=str(REPO / "demo_output"), help="report folder (default demo_output/)")
+    ap.add_argument("--data-dir", default=str(REPO / "data"),
+                    help="where the Fashion-MNIST ImageFolder is written / reused (default data/)")
+    ap.add_argument("--source", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST IDX files")
+    ap.add_argument("--seed", type=int, default=0, help="VISSL SEED_VALUE (also the random-init model's seed)")
+    ap.add_argument("--procs", type=int, default=2, help="gloo training processes (default 2)")
+    ap.add_argument("--random-inits", type=int, default=5,
+                    help="random initialisations averaged for the random-init baseline (default 5; the "
+                         "first is the training's own starting point)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads per training process (default: cores / procs)")
+    ap.add_argument("--amp", choices=["auto", "on", "off"], default="auto",
+                    help="bf16 autocast: auto = on where the CPU has native bf16 (default)")
+    for key in MODES["full"]:
+        ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=None,
+                        help=f"override the mode's {key} (full {MODES['full'][key]}, quick {MODES['quick'][key]})")
+    ap.add_argument("--override", action="append", default=[],
+                    help="extra VISSL override for training and evaluation, e.g. "
+                         "config.OPTIMIZER.weight_decay=1e-5 (repeatable)")
+    return ap
+
+
+def parse_args(argv=None):
+    """``(args, mode)``: the parsed options and the mode's settings (``MODES["quick"]`` or
+    ``MODES["full"]``) with the ``--train-per-class`` ... ``--prototypes`` overrides applied.
+    Bad values exit with argparse's usage error (exit code 2)."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    mode = dict(MODES["quick" if args.quick else "full"])
+    for key in mode:
+        if getattr(args, key) is not None:
+            mode[key] = getattr(args, key)
+    if args.procs < 1:
+        ap.error("--procs must be >= 1")
+    if args.random_inits < 1:
+        ap.error("--random-inits must be >= 1")
+    return args, mode
+
+
+def make_setup(args, mode):
+    """The run's :class:`DemoSetup`: creates the report folder, empties ``OUT/run``, picks
+    the threads per training process and bf16 autocast (``--amp auto``: where native)."""
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir = out / "run"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir.mkdir(parents=True)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.procs)
+    use_amp = {"on": True, "off": False}.get(args.amp)
+    if use_amp is None:
+        use_amp = bf16_native()
+    return DemoSetup(args=args, mode=mode, label="quick" if args.quick else "full", out=out, run_dir=run_dir,
+                     ckpt_dir=ckpt_dir, threads=threads, use_amp=use_amp)
+
+
+def data_step(setup):
+    """[1/4] The Fashion-MNIST subsets (:func:`.data.prepare_data`); returns ``(data, seconds)``."""
+    mode = setup.mode
+    print("[1/4] data: Fashion-MNIST subset as a VISSL disk_folder", flush=True)
+    t = time.time()
+    data = prepare_data(setup.args.source, setup.args.data_dir, mode["train_per_class"], mode["test_per_class"])
+    t_data = time.time() - t
+    print(f"  {len(data['train_y'])} training images ({mode['train_per_class']} per class) in {data['folder']}; "
+          f"{len(data['test_y'])} test images ({mode['test_per_class']} per class) [{t_data:.1f}s]", flush=True)
+    return data, t_data
+
+
+def training_step(setup, data):
+    """[2/4] SwAV pre-training through VISSL's launcher (:mod:`.training`); returns the
+    :class:`TrainingRun` (overrides, loss curve, wall time, final checkpoint)."""
+    args, mode = setup.args, setup.mode
+    n_train = len(data["train_y"])
+    per_rank = (n_train // args.procs) // mode["batch"]
+    if per_rank < 1:
+        raise DemoError(f"{n_train} images are too few for {args.procs} x {mode['batch']} per batch")
+    overrides = training_overrides(mode, data["folder"], setup.ckpt_dir, setup.use_amp, args.procs, args.seed,
+                                   args.override)
+    print(f"[2/4] SwAV pre-training through VISSL's launcher: {args.procs} gloo process(es) x "
+          f"{setup.threads} thread(s), {mode['epochs']} epochs x {per_rank} it, batch "
+          f"{args.procs}x{mode['batch']}, bf16 autocast {'on' if setup.use_amp else 'off'} "
+          f"(log: {setup.run_dir / 'train_log.txt'})", flush=True)
+    parsed, t_train = run_training(overrides, setup.run_dir, per_rank * mode["epochs"], mode["epochs"],
+                                   setup.threads)
+    ckpt = final_checkpoint(setup.ckpt_dir)
+    curve = read_loss_curve(setup.ckpt_dir, parsed)
+    if not curve:
+        raise DemoError(f"no loss values found in {setup.ckpt_dir / 'stdout.json'} nor in the log")
+    print(f"  done in {fmt_secs(t_train)}: loss {curve[0]['loss']:.3f} -> {curve[-1]['loss']:.3f}, "
+          f"checkpoint {ckpt.name}", flush=True)
+    return TrainingRun(overrides=overrides, curve=curve, wall_s=t_train, checkpoint=ckpt)
+
+
+def evaluation_step(setup, data, train):
+    """[3/4] kNN of SwAV / random-init / raw-pixel features (:func:`.evaluation.evaluate`);
+    returns the :class:`EvaluationRun`."""
+    print("[3/4] evaluation: res5avg features of the VISSL model (checkpoint loaded in-process), kNN",
+          flush=True)
+    t = time.time()
+    config, results, protos, timings = evaluate(train.overrides, train.checkpoint, data, setup.args.seed,
+                                                setup.args.random_inits)
+    return EvaluationRun(config=config, results=results, protos=protos, timings=timings, wall_s=time.time() - t)
+
+
+def report_step(setup, clock, data, train, evaluation, t_data):
+    """[4/4] OUT/swav_demo_report.png and .json (:mod:`.report`); returns ``(times, png)``,
+    ``times`` the wall seconds of the steps and the total (:func:`.report.build_report`)."""
+    print("[4/4] report", flush=True)
+    t = time.time()
+    before_figure = clock.elapsed()
+    png = setup.out / REPORT_PNG
+    meta = figure_meta(setup, evaluation.config, evaluation.results, len(data["train_y"]), len(data["test_y"]),
+                       train.wall_s)
+    make_figure(png, train.curve, evaluation.results, evaluation.protos["swav"], data["test_x"], meta)
+    times = dict(data=t_data, train=train.wall_s, evaluation=evaluation.wall_s, report=time.time() - t)
+    times.update(total=clock.elapsed(), before_figure=before_figure)
+    write_json(setup.out / REPORT_JSON, build_report(setup, clock, data, train, evaluation, times, png))
+    return times, png

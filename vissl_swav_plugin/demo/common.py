@@ -1,0 +1,129 @@
+"""What the demo's steps share: where the repository is, the error the command line
+reports, the run's settings and clock, and the composition of the demo's VISSL config.
+
+Nothing here imports torch or VISSL at import time.
+"""
+import datetime
+import os
+import resource
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = "pretrain/swav/swav_fashion_mnist_cpu"
+
+
+class DemoError(RuntimeError):
+    """A failure the demo reports in one line (``demo: error: ...``) with exit code 2."""
+
+
+@dataclass
+class DemoSetup:
+    """The settings of one demo run, fixed before the first step.
+
+    Attributes:
+        args: the parsed command line (``source``, ``seed``, ``procs``, ``override``, ...).
+        mode: the mode's sizes after the command-line overrides (``train_per_class``,
+            ``test_per_class``, ``epochs``, ``batch``, ``queue``, ``freeze``, ``prototypes``).
+        label: ``"quick"`` or ``"full"``.
+        out: the report folder; ``run_dir`` (``out/run``, emptied at start) holds the
+            training log and ``ckpt_dir`` (``run_dir/checkpoints``) VISSL's checkpoints.
+        threads: torch threads per training process.
+        use_amp: bf16 autocast in the training.
+    """
+
+    args: object
+    mode: dict
+    label: str
+    out: Path
+    run_dir: Path
+    ckpt_dir: Path
+    threads: int
+    use_amp: bool
+
+
+class Clock:
+    """Wall time, CPU time and load average since the demo started.
+
+    Example::
+
+        clock = Clock()
+        ...
+        print(fmt_secs(clock.elapsed()), clock.cpu_used())
+    """
+
+    def __init__(self):
+        self.start = time.time()
+        self.cpu_start = cpu_seconds()
+        self.load_start = os.getloadavg()
+
+    def elapsed(self):
+        """Seconds of wall time since the start."""
+        return time.time() - self.start
+
+    def cpu_used(self):
+        """CPU seconds (this process and its finished children) since the start."""
+        return cpu_seconds() - self.cpu_start
+
+
+def fmt_secs(s):
+    """Seconds as ``H:MM:SS`` (rounded, negatives as 0), e.g. ``fmt_secs(75.4) == "0:01:15"``."""
+    return str(datetime.timedelta(seconds=int(round(max(0.0, s)))))
+
+
+def cpu_seconds():
+    """CPU time (user + system) of this process and its finished children."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def compose_config(overrides):
+    """VISSL's config (an AttrDict) for the launcher-style ``overrides``
+    (``["config=...", "config.X=Y", ...]``), composed in this process as the launcher would.
+
+    Args:
+        overrides: Hydra overrides, the first normally ``config=<name>``.
+
+    Returns:
+        The ``config`` AttrDict (``config.MODEL``, ``config.OPTIMIZER``, ...).
+    """
+    import vissl  # noqa: F401  (the plugin registers itself on import)
+    from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
+
+    with warnings.catch_warnings():  # Hydra 1.3's notes on VISSL's version_base-less init
+        warnings.simplefilter("ignore")
+        cfg = compose_hydra_configuration(list(overrides))
+    return convert_to_attrdict(cfg, dump_config=False)[1]
+
+
+@dataclass
+class TrainingRun:
+    """What step 2 (training) hands on.
+
+    Attributes:
+        overrides: the launcher's overrides (the evaluation builds the same model from them).
+        curve: the loss per iteration, ``[dict(iter, ep, loss, lr), ...]``.
+        wall_s: the launcher's wall time in seconds.
+        checkpoint: VISSL's final checkpoint.
+    """
+
+    overrides: list
+    curve: list
+    wall_s: float
+    checkpoint: Path
+
+
+@dataclass
+class EvaluationRun:
+    """What step 3 (evaluation) hands on: the composed VISSL ``config``, the kNN
+    ``results`` and prototype summaries ``protos`` per method, the seconds per model
+    (``timings``) and the step's wall time ``wall_s``."""
+
+    config: object
+    results: dict
+    protos: dict
+    timings: dict
+    wall_s: float

@@ -1,0 +1,97 @@
+"""Step 1 of the demo: the Fashion-MNIST subset as a VISSL ``disk_folder``.
+
+The reading of the IDX files, the subset rule (the first N images of each class, in file
+order) and the PNG / ImageFolder writing are those of ``tools/prepare_fashion_mnist.py``,
+loaded from the repository and called here; this module adds the demo's folder naming,
+the lock that lets concurrent demos / tests share a data folder, and the in-memory copies
+of the same images used by the kNN evaluation.
+"""
+import fcntl
+import importlib.util
+from pathlib import Path
+
+from .common import REPO, DemoError
+
+DATA_TOOL = REPO / "tools" / "prepare_fashion_mnist.py"
+
+
+def load_data_tool():
+    """``tools/prepare_fashion_mnist.py`` as a module (``tools/`` is not a package: VISSL
+    owns that top-level name).
+
+    Returns:
+        The module (``prepare``, ``load_split``, ``select_indices``, ``DataToolError``, ...).
+    """
+    if not DATA_TOOL.is_file():
+        raise DemoError(f"{DATA_TOOL} not found: the demo runs from a checkout of the repository")
+    spec = importlib.util.spec_from_file_location("_demo_prepare_fashion_mnist", DATA_TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def prepare_data(source, data_dir, train_per_class, test_per_class):
+    """Write (or reuse) the training subset as an ImageFolder and load the same images,
+    and the test subset, into memory.
+
+    Args:
+        source: folder of the Fashion-MNIST IDX files (``train-*`` / ``t10k-*``, gzip'd or not).
+        data_dir: parent of the ImageFolder, written to ``data_dir/fashion_mnist_<N>pc/train``.
+        train_per_class: training images kept per class (the first ones in file order).
+        test_per_class: test images kept per class (from the t10k files).
+
+    Returns:
+        ``dict(folder, train_x, train_y, train_index, test_x, test_y, test_index)``:
+        ``folder`` the ImageFolder VISSL trains on, ``*_x`` uint8 images [N, 28, 28],
+        ``*_y`` int64 labels, ``*_index`` their indices in the IDX files.
+
+    Raises:
+        DemoError: a missing / truncated / corrupt IDX file, an unwritable folder, or a
+            folder holding another number of images than the subset.
+    """
+    tool = load_data_tool()
+    try:
+        return _prepare_data(tool, Path(source), Path(data_dir), train_per_class, test_per_class)
+    except tool.DataToolError as e:  # missing / truncated / corrupt IDX files, unwritable folder
+        raise DemoError(f"{e}\n(`make demo` installs Fashion-MNIST via tools/install_env.sh)") from None
+
+
+def _prepare_data(tool, source, data_dir, train_per_class, test_per_class):
+    for split in ("train", "val"):  # name a missing file before anything is written
+        for kind in ("images-idx3", "labels-idx1"):
+            tool._find_source(source, split, kind)
+    folder = data_dir / f"fashion_mnist_{train_per_class}pc"
+    summary = write_image_folder(tool, source, folder, train_per_class)
+    train_x, train_y, keep = _subset(tool, source, "train", train_per_class)
+    test_x, test_y, keep_test = _subset(tool, source, "val", test_per_class)
+    n_written = sum(summary["splits"]["train"]["counts"])
+    if n_written != len(keep):
+        raise DemoError(f"{folder}: holds {n_written} training images, expected {len(keep)}")
+    return dict(
+        folder=Path(summary["splits"]["train"]["dir"]),
+        train_x=train_x, train_y=train_y, train_index=keep,
+        test_x=test_x, test_y=test_y, test_index=keep_test,
+    )
+
+
+def write_image_folder(tool, source, folder, per_class):
+    """The training subset as ``folder/train/<label>_<name>/<index>.png``, one writer at a
+    time (an exclusive ``flock`` on ``.<folder name>.lock`` next to it); a folder already
+    complete with these settings is reused, an interrupted write is redone.
+
+    Returns:
+        The data tool's summary (``summary["splits"]["train"]`` has ``dir`` and ``counts``).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return tool.prepare(folder, source=source, splits=("train",), limit_per_class=per_class,
+                            formats=("folder",), verbose=False,
+                            force=True)  # the folder is the demo's own: redo an interrupted write
+
+
+def _subset(tool, source, split, per_class):
+    """(images, labels, indices) of the first ``per_class`` images of each class of a split."""
+    images, labels = tool.load_split(source, split)
+    keep = tool.select_indices(labels, per_class)
+    return images[keep], labels[keep], keep

@@ -1,0 +1,237 @@
+"""Step 2 of the demo: SwAV pre-training through VISSL's launcher, in a subprocess.
+
+:func:`training_overrides` turns the demo's settings into the launcher's Hydra overrides,
+:func:`run_training` runs ``tools/run_distributed_engines.py`` with them (the full log in
+``train_log.txt``) while :func:`parse_log_line` and :class:`Progress` turn VISSL's
+per-iteration log lines into one compact progress line, and :func:`read_loss_curve`
+reads the loss curve back from VISSL's ``stdout.json``.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .common import CONFIG, REPO, DemoError, compose_config, fmt_secs
+
+LAUNCHER = REPO / "tools" / "run_distributed_engines.py"
+
+
+def bf16_native():
+    """True where bf16 matmuls/convs run natively (AVX512-BF16 / AMX), i.e. bf16 autocast
+    is a speed-up; elsewhere it would be emulated and slower than fp32."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:  # pragma: no cover - other builds
+        return False
+
+
+class Progress:
+    """One self-updating line on a terminal; a line every ~5% otherwise (logs, CI).
+
+    Example::
+
+        p = Progress(total=468)
+        p.update(it=10, ep=0, num_epochs=12, loss=8.1, lr=0.3)
+        p.close()
+    """
+
+    def __init__(self, total, stream=sys.stdout):
+        self.total = max(1, int(total))
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.t0 = None
+        self.last_print = -1
+        self.width = 0
+
+    def update(self, it, ep, num_epochs, loss, lr):
+        """Show iteration ``it`` (of ``total``) of epoch ``ep`` (0-based): loss, lr, it/s, ETA."""
+        now = time.time()
+        if self.t0 is None:
+            self.t0, self.it0 = now, it
+        done = it - self.it0
+        rate = done / (now - self.t0) if now > self.t0 and done > 0 else 0.0
+        eta = (self.total - it) / rate if rate > 0 else float("nan")
+        frac = min(1.0, it / self.total)
+        bar = "#" * int(24 * frac) + "-" * (24 - int(24 * frac))
+        line = (f"  train [{bar}] {it:>5d}/{self.total} it  ep {ep + 1}/{num_epochs}  loss {loss:7.4f}  "
+                f"lr {lr:.4f}  {rate:5.2f} it/s  ETA {fmt_secs(eta) if eta == eta else '?'}")
+        if self.tty:
+            pad = max(0, self.width - len(line))
+            self.stream.write("\r" + line + " " * pad)
+            self.width = len(line)
+            self.stream.flush()
+        else:
+            step = max(1, self.total // 20)
+            if it // step != self.last_print // step or it >= self.total or self.last_print < 0:
+                print(line, file=self.stream, flush=True)
+                self.last_print = it
+
+    def close(self):
+        """End the self-updating line (terminal only)."""
+        if self.tty and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def parse_log_line(line):
+    """VISSL's LogLossLrEtaHook line -> ``dict(iter, ep, loss, lr)``, or None for any other line.
+
+    Example::
+
+        >>> parse_log_line("INFO ... [ep: 0] iter: 5; lr: 0.3; loss: 8.25; eta: 0:01:00")
+        {'iter': 5, 'ep': 0, 'loss': 8.25, 'lr': 0.3}
+    """
+    if "] iter: " not in line or "loss: " not in line:
+        return None
+    try:
+        ep = int(line.split("[ep: ", 1)[1].split("]", 1)[0])
+        fields = {}
+        for part in line.split("] ", 1)[1].split(";"):
+            if ":" in part:
+                k, v = part.split(":", 1)
+                fields[k.strip()] = v.strip()
+        lr = fields.get("lr", "nan")
+        lr = float(lr.strip("[]").split(",")[0]) if lr else float("nan")
+        return dict(iter=int(fields["iter"]), ep=ep, loss=float(fields["loss"]), lr=lr)
+    except (IndexError, KeyError, ValueError):
+        return None
+
+
+def hydra_value(v):
+    """A Python value in Hydra's override grammar, e.g.
+    ``hydra_value({"dims": [128, 256], "use_bn": True}) == "{dims:[128,256],use_bn:True}"``."""
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return v
+    if hasattr(v, "items"):
+        return "{" + ",".join(f"{k}:{hydra_value(x)}" for k, x in v.items()) + "}"
+    return "[" + ",".join(hydra_value(x) for x in v) + "]"
+
+
+def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_overrides=()):
+    """The launcher's command-line overrides for the demo's config.
+
+    Args:
+        mode: the mode's sizes (``batch``, ``epochs``, ``queue``, ``freeze``, ``prototypes``).
+        data_folder: the ImageFolder to train on (DATA_PATHS and LABEL_PATHS).
+        ckpt_dir: VISSL's CHECKPOINT.DIR.
+        use_amp: bf16 autocast (MODEL.AMP_PARAMS.USE_AMP).
+        procs: gloo processes (DISTRIBUTED.NUM_PROC_PER_NODE).
+        seed: SEED_VALUE.
+        user_overrides: ``--override`` values, appended last (they win).
+
+    Returns:
+        The list of overrides, ``config=...`` first.  The mode's number of prototypes goes
+        into the config's own head entry, unless ``user_overrides`` set MODEL.HEAD.PARAMS.
+    """
+    base = [
+        f"config={CONFIG}",
+        f"config.DATA.TRAIN.DATA_PATHS=[{data_folder}]",
+        f"config.DATA.TRAIN.LABEL_PATHS=[{data_folder}]",
+        f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={mode['batch']}",
+        f"config.OPTIMIZER.num_epochs={mode['epochs']}",
+        f"config.LOSS.swav_plugin_loss.queue.queue_length={mode['queue']}",
+        f"config.LOSS.swav_plugin_loss.freeze_prototypes_niters={mode['freeze']}",
+        f"config.MODEL.AMP_PARAMS.USE_AMP={use_amp}",
+        f"config.DISTRIBUTED.NUM_PROC_PER_NODE={procs}",
+        f"config.SEED_VALUE={seed}",
+        f"config.CHECKPOINT.DIR={ckpt_dir}",
+    ]
+    user = list(user_overrides)
+    if not any(o.split("=", 1)[0].lstrip("+") == "config.MODEL.HEAD.PARAMS" for o in user):
+        head = [list(p) for p in compose_config(base + user).MODEL.HEAD.PARAMS]
+        if len(head) != 1 or head[0][0] != "swav_plugin_head":
+            raise DemoError(f"{CONFIG}: expected one swav_plugin_head in MODEL.HEAD.PARAMS, got {head}")
+        params = dict(head[0][1])
+        params["num_clusters"] = [mode["prototypes"]]
+        base.append(f"config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{hydra_value(params)}]]")
+    return base + user
+
+
+def run_training(overrides, run_dir, total_iters, num_epochs, threads):
+    """Run VISSL's launcher with ``overrides`` in ``run_dir`` and show its progress.
+
+    The command goes to ``run_dir/train_command.txt``, its whole output to
+    ``run_dir/train_log.txt``; an interrupt (Ctrl-C) stops the launcher's process group.
+
+    Returns:
+        ``(parsed, wall_s)``: the loss records parsed from the log (:func:`parse_log_line`)
+        and the launcher's wall time in seconds.
+
+    Raises:
+        DemoError: the launcher failed (the message holds the log's last 40 lines).
+    """
+    log_path = run_dir / "train_log.txt"
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+               PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, str(LAUNCHER), *overrides]
+    (run_dir / "train_command.txt").write_text(" ".join(cmd) + "\n")
+    progress = Progress(total_iters)
+    curve = []
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=str(run_dir), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                rec = parse_log_line(line)
+                if rec is not None:
+                    curve.append(rec)
+                    progress.update(rec["iter"], rec["ep"], num_epochs, rec["loss"], rec["lr"])
+            proc.wait()
+        except BaseException:
+            _stop(proc)
+            raise
+        finally:
+            progress.close()
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        tail = "\n".join(log_path.read_text().splitlines()[-40:])
+        raise DemoError(f"VISSL training failed (exit code {proc.returncode}); last lines of {log_path}:\n{tail}")
+    return curve, wall
+
+
+def _stop(proc):
+    """SIGTERM the launcher's process group, SIGKILL it if it has not ended within 10 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def final_checkpoint(ckpt_dir):
+    """The last ``model_final_checkpoint_phase*.torch`` VISSL wrote in ``ckpt_dir``."""
+    finals = sorted(Path(ckpt_dir).glob("model_final_checkpoint_phase*.torch"))
+    if not finals:
+        raise DemoError(f"training finished but wrote no final checkpoint in {ckpt_dir}")
+    return finals[-1]
+
+
+def read_loss_curve(ckpt_dir, parsed):
+    """Loss per iteration, ``[dict(iter, ep, loss, lr), ...]`` sorted by iteration, from
+    VISSL's ``stdout.json`` (rank 0), else from the records ``parsed`` from the log."""
+    path = Path(ckpt_dir) / "stdout.json"
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                d = json.loads(line)
+                rows.append(dict(iter=int(d["iter"]), ep=int(d["ep"]), loss=float(d["loss"]),
+                                 lr=float(d["lr"][0] if isinstance(d["lr"], list) else d["lr"])))
+            except (ValueError, KeyError, TypeError):
+                continue
+    rows = rows or parsed
+    by_iter = {r["iter"]: r for r in rows}
+    return [by_iter[i] for i in sorted(by_iter)]
