@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 
+from _reference import reference_knn
 from conftest import REPO, SITE, compose, launcher_env, run_launcher
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -159,16 +160,9 @@ def test_linear_eval_2proc_trains_head_on_our_frozen_trunk(suite, tmp_path):
 # kNN
 # ------------------------------------------------------------------------------------------
 def _knn_top1(train_f, train_y, test_f, test_y, k, sigma=0.1):
-    """Weighted kNN (NPID): cosine similarities, top-k vote weighted by exp(sim / sigma)."""
-    def norm(a):
-        return a / np.linalg.norm(a, axis=1, keepdims=True)
-
-    sim = norm(test_f.astype(np.float64)) @ norm(train_f.astype(np.float64)).T
-    nn_idx = np.argsort(-sim, axis=1, kind="stable")[:, :k]
-    votes = np.zeros((len(test_f), int(train_y.max()) + 1))
-    for q in range(len(test_f)):
-        np.add.at(votes[q], train_y[nn_idx[q]], np.exp(sim[q, nn_idx[q]] / sigma))
-    return 100.0 * float(np.mean(votes.argmax(1) == test_y))
+    """Top-1 (%) of the weighted kNN (NPID) reference: cosine similarities, top-k vote
+    weighted by exp(sim / sigma)."""
+    return reference_knn(train_f, train_y, test_f, test_y, k, sigma, l2_norm=True)[0]
 
 
 @needs_fmnist

@@ -22,6 +22,7 @@ import torch
 import vissl  # noqa: F401  (registers the plugin, applies compat)
 
 import _helpers_compat as H
+from _reference import reference_swav_loss
 from conftest import compose, make_image_folder, run_launcher
 
 SITE_TOOLS = Path(sysconfig.get_paths()["purelib"]) / "tools"
@@ -30,28 +31,6 @@ SITE_TOOLS = Path(sysconfig.get_paths()["purelib"]) / "tools"
 # ------------------------------------------------------------------------------------------
 # swav_loss
 # ------------------------------------------------------------------------------------------
-def _reference_swav_loss(scores_per_head, num_crops, crops_for_assign, temperature, epsilon, iters):
-    """SwAV loss from the paper (Caron et al. 2020, Alg. 1 / App. A.1), fp64, autograd."""
-    losses = []
-    for scores in scores_per_head:
-        bs = scores.shape[0] // num_crops
-        crop_losses = []
-        for c in crops_for_assign:
-            with torch.no_grad():
-                q = torch.exp(scores[c * bs:(c + 1) * bs] / epsilon).t()  # K x B
-                q = q / q.sum()
-                k, b = q.shape
-                for _ in range(iters):
-                    q = q / q.sum(dim=1, keepdim=True) / k
-                    q = q / q.sum(dim=0, keepdim=True) / b
-                q = (q * b).t()  # B x K, rows sum to 1
-            terms = [-(q * torch.log_softmax(scores[v * bs:(v + 1) * bs] / temperature, dim=1)).sum(1).mean()
-                     for v in range(num_crops) if v != c]
-            crop_losses.append(sum(terms) / len(terms))
-        losses.append(sum(crop_losses) / len(crop_losses))
-    return sum(losses) / len(losses)
-
-
 @pytest.mark.parametrize("num_crops, crops_for_assign, double", [(2, [0, 1], True), (3, [0, 1], True), (3, [0], False)])
 def test_vissl_swav_loss_forward_backward(num_crops, crops_for_assign, double):
     from classy_vision.generic.distributed_util import set_cpu_device
@@ -72,7 +51,7 @@ def test_vissl_swav_loss_forward_backward(num_crops, crops_for_assign, double):
     loss = loss_fn([emb, *scores], torch.zeros(bs * num_crops))
     loss.backward()
     ref_scores = [s.detach().double().requires_grad_() for s in scores]
-    ref = _reference_swav_loss(ref_scores, num_crops, crops_for_assign, 0.1, 0.05, 3)
+    ref = reference_swav_loss(ref_scores, num_crops, crops_for_assign, 0.1, 0.05, 3)
     ref.backward()
     tol = 1e-6 if double else 2e-5  # VISSL returns the codes as float32 even in double mode
     assert math.isclose(loss.item(), ref.item(), rel_tol=tol, abs_tol=tol)

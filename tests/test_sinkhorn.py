@@ -4,21 +4,9 @@ equipartition constraint, 2 processes vs 1, and low-precision inputs."""
 import pytest
 import torch
 
+from _reference import paper_sinkhorn
 from conftest import run_gloo_workers
 from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
-
-
-def paper_sinkhorn(scores, eps=0.05, niters=3):
-    """Appendix A.1 pseudo-code, verbatim semantics (fp64)."""
-    Q = torch.exp(scores / eps).T
-    Q /= torch.sum(Q)
-    K, B = Q.shape
-    r, c = torch.ones(K, dtype=Q.dtype) / K, torch.ones(B, dtype=Q.dtype) / B
-    for _ in range(niters):
-        u = torch.sum(Q, dim=1)
-        Q *= (r / u).unsqueeze(1)
-        Q *= (c / torch.sum(Q, dim=0)).unsqueeze(0)
-    return (Q / torch.sum(Q, dim=0, keepdim=True)).T
 
 
 def cosine_scores(B, K, D=16, seed=0, dtype=torch.float64):

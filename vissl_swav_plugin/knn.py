@@ -30,6 +30,7 @@ __all__ = [
 
 
 def _check(train_x, train_y, test_x, k):
+    """Raise ``ValueError`` naming the problem if the shapes or ``k`` do not fit."""
     if train_x.dim() != 2 or test_x.dim() != 2:
         raise ValueError(
             f"kNN: features must be 2-D [N, D], got train {tuple(train_x.shape)} / test {tuple(test_x.shape)}"
@@ -43,6 +44,7 @@ def _check(train_x, train_y, test_x, k):
 
 
 def _as_tensor(x, dtype):
+    """``x`` (tensor, array or list) as a tensor of ``dtype``."""
     return x.to(dtype) if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=dtype)
 
 
@@ -50,7 +52,30 @@ def weighted_knn_predict(
     train_x, train_y, test_x, k: int = 20, temperature: float = 0.07,
     num_classes: Optional[int] = None, chunk: int = 2048,
 ) -> torch.Tensor:
-    """Class predictions of the weighted cosine kNN (Wu et al. 2018) for ``test_x``."""
+    """Class predictions of the weighted cosine kNN (Wu et al. 2018) for ``test_x``.
+
+    Each test feature's ``k`` most cosine-similar train features vote for their labels
+    with weight ``exp(cos / temperature)``; the class with the largest total wins.
+
+    Args:
+        train_x: ``[N, D]`` train features (tensor or array; L2-normalised here).
+        train_y: ``[N]`` integer train labels in ``[0, num_classes)``.
+        test_x: ``[M, D]`` test features.
+        k: number of neighbours, ``1 <= k <= N`` (20 and 200 in the papers).
+        temperature: T of the vote weights (0.07 in Wu et al.), > 0.
+        num_classes: number of classes; default ``max(train_y) + 1``.
+        chunk: test features handled at once (memory ``chunk x N`` floats).
+
+    Returns:
+        ``[M]`` long tensor of predicted classes.
+
+    Raises:
+        ValueError: mismatched shapes, ``k`` out of range or ``temperature <= 0``.
+
+    Example::
+
+        pred = weighted_knn_predict(train_feats, train_labels, test_feats, k=20)
+    """
     train_x, test_x = _as_tensor(train_x, torch.float32), _as_tensor(test_x, torch.float32)
     train_y = _as_tensor(train_y, torch.long)
     _check(train_x, train_y, test_x, k)
@@ -68,7 +93,25 @@ def weighted_knn_predict(
 
 def euclidean_knn_predict(train_x, train_y, test_x, k: int = 5,
                           num_classes: Optional[int] = None, chunk: int = 1024) -> torch.Tensor:
-    """Class predictions of the plain (majority-vote, Euclidean) kNN for ``test_x``."""
+    """Class predictions of the plain (majority-vote, Euclidean) kNN for ``test_x``.
+
+    Each test feature's ``k`` nearest train features (Euclidean distance, computed in
+    float64) vote once each; ties go to the smallest class index, as in scikit-learn.
+
+    Args:
+        train_x: ``[N, D]`` train features (tensor or array).
+        train_y: ``[N]`` integer train labels in ``[0, num_classes)``.
+        test_x: ``[M, D]`` test features.
+        k: number of neighbours, ``1 <= k <= N``.
+        num_classes: number of classes; default ``max(train_y) + 1``.
+        chunk: test features handled at once (memory ``chunk x N`` floats).
+
+    Returns:
+        ``[M]`` long tensor of predicted classes.
+
+    Raises:
+        ValueError: mismatched shapes or ``k`` out of range.
+    """
     train_x, test_x = _as_tensor(train_x, torch.float32), _as_tensor(test_x, torch.float32)
     train_y = _as_tensor(train_y, torch.long)
     _check(train_x, train_y, test_x, k)
@@ -86,6 +129,7 @@ def euclidean_knn_predict(train_x, train_y, test_x, k: int = 5,
 
 
 def _accuracy(pred, test_y) -> float:
+    """Percentage of ``pred`` equal to ``test_y`` (NaN for an empty test set)."""
     test_y = _as_tensor(test_y, torch.long)
     if pred.shape[0] != test_y.shape[0]:
         raise ValueError(f"kNN: {test_y.shape[0]} test labels for {pred.shape[0]} test features")
@@ -94,20 +138,62 @@ def _accuracy(pred, test_y) -> float:
 
 def weighted_knn_accuracy(train_x, train_y, test_x, test_y, k: int = 20, temperature: float = 0.07,
                           num_classes: Optional[int] = None) -> float:
-    """Top-1 accuracy (%) of :func:`weighted_knn_predict`."""
+    """Top-1 accuracy (%) of :func:`weighted_knn_predict`.
+
+    Args:
+        train_x, train_y, test_x, k, temperature, num_classes: as for
+            :func:`weighted_knn_predict`.
+        test_y: ``[M]`` integer test labels.
+
+    Returns:
+        ``100 * mean(pred == test_y)``; NaN when there are no test samples.
+
+    Raises:
+        ValueError: as :func:`weighted_knn_predict`, or a test-label count that differs
+            from the number of test features.
+    """
     return _accuracy(weighted_knn_predict(train_x, train_y, test_x, k, temperature, num_classes), test_y)
 
 
 def euclidean_knn_accuracy(train_x, train_y, test_x, test_y, k: int = 5,
                            num_classes: Optional[int] = None) -> float:
-    """Top-1 accuracy (%) of :func:`euclidean_knn_predict`."""
+    """Top-1 accuracy (%) of :func:`euclidean_knn_predict`, the plain kNN's counterpart
+    of :func:`weighted_knn_accuracy`.
+
+    Args:
+        train_x, train_y, test_x, test_y: features and integer labels, as for
+            :func:`weighted_knn_accuracy`.
+        k, num_classes: as for :func:`euclidean_knn_predict`.
+
+    Returns:
+        The accuracy in percent (NaN without test samples); raises ``ValueError`` on the
+        same bad inputs as :func:`weighted_knn_accuracy`.
+    """
     return _accuracy(euclidean_knn_predict(train_x, train_y, test_x, k, num_classes), test_y)
 
 
 def knn_report(train_x, train_y, test_x, test_y, weighted_ks: Iterable[int] = (20, 200),
                euclidean_ks: Sequence[int] = (5,), temperature: float = 0.07,
                num_classes: Optional[int] = None) -> Dict[str, float]:
-    """``{"knn20": .., "knn200": .., "nn5_euclid": ..}`` for the given k values."""
+    """Both kNN protocols for several ``k``: ``{"knn20": .., "knn200": .., "nn5_euclid": ..}``.
+
+    Each ``k`` is capped at the number of train samples.
+
+    Args:
+        train_x, train_y, test_x, test_y: features and integer labels (see
+            :func:`weighted_knn_accuracy`).
+        weighted_ks: ``k`` values of the weighted cosine kNN (keys ``knn{k}``).
+        euclidean_ks: ``k`` values of the plain Euclidean kNN (keys ``nn{k}_euclid``).
+        temperature: T of the weighted kNN.
+        num_classes: number of classes; default ``max(train_y) + 1``.
+
+    Returns:
+        Accuracies in percent, keyed as above.
+
+    Example::
+
+        knn_report(tr_f, tr_y, te_f, te_y)  # {"knn20": .., "knn200": .., "nn5_euclid": ..}
+    """
     n = len(train_y)
     out = {}
     for k in weighted_ks:

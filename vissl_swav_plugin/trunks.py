@@ -50,9 +50,10 @@ from vissl.models.model_helpers import (
 )
 from vissl.models.trunks import register_model_trunk
 
-TRUNK_NAME = "resnet_small_plugin"
-CONFIG_KEY = "RESNET_SMALL_PLUGIN"
+TRUNK_NAME = "resnet_small_plugin"  # the ``MODEL.TRUNK.NAME`` this module registers
+CONFIG_KEY = "RESNET_SMALL_PLUGIN"  # its section under ``MODEL.TRUNK``
 
+# residual blocks per stage (layer1..layer4) for each DEPTH, as in He et al. / torchvision
 DEPTH_LAYERS: Dict[int, Sequence[int]] = {10: (1, 1, 1, 1), 18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 DEFAULTS = {
     "DEPTH": 18,
@@ -63,6 +64,7 @@ DEFAULTS = {
     "GROUPNORM_GROUPS": 8,
     "ZERO_INIT_RESIDUAL": False,
 }
+# input channels per ``MODEL.INPUT_TYPE`` (VISSL's "lab" input keeps only the L channel)
 _IN_CHANNELS = {"rgb": 3, "bgr": 3, "lab": 1}
 
 # VISSL's common feature names (as in its ResNe(X)t) plus the raw block names.
@@ -83,15 +85,35 @@ class TrunkConfigError(ValueError):
 
 
 def _key(name):
+    """The full config path of one of our keys, for error messages."""
     return f"config.MODEL.TRUNK.{CONFIG_KEY}.{name}"
 
 
 def _is_int(v):
+    """An ``int`` that is not a ``bool``."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def resolve_params(model_config) -> dict:
-    """Defaults merged with ``MODEL.TRUNK.RESNET_SMALL_PLUGIN``, validated."""
+    """Defaults merged with ``MODEL.TRUNK.RESNET_SMALL_PLUGIN``, validated.
+
+    Args:
+        model_config: VISSL's ``config.MODEL`` (an ``AttrDict`` or a plain dict with a
+            ``TRUNK`` entry), or None for all defaults.
+
+    Returns:
+        A dict with every key of :data:`DEFAULTS`; ``LAYERS`` is always the tuple of 4
+        block counts (from ``LAYERS`` if given, else from ``DEPTH``).
+
+    Raises:
+        TrunkConfigError: an unknown key or a wrong value; the message names the key,
+            e.g. ``config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.DEPTH must be one of [10, 18, 34]``.
+
+    Example::
+
+        resolve_params({"TRUNK": {"RESNET_SMALL_PLUGIN": {"DEPTH": 10, "WIDTH": 32}}})
+        # -> {..., "DEPTH": 10, "LAYERS": (1, 1, 1, 1), "WIDTH": 32, ...}
+    """
     trunk = model_config["TRUNK"] if model_config is not None else {}
     user = trunk.get(CONFIG_KEY, None) or {}
     unknown = sorted(set(user) - set(DEFAULTS))
@@ -138,12 +160,41 @@ def resolve_params(model_config) -> dict:
 
 
 def output_dim(model_config) -> int:
-    """Channels of ``res5`` / ``res5avg`` / ``flatten`` for this config."""
+    """Channels of ``res5`` / ``res5avg`` / ``flatten`` for this config: ``8 * WIDTH``.
+
+    Args:
+        model_config: VISSL's ``config.MODEL`` (see :func:`resolve_params`).
+
+    Returns:
+        The trunk's output dimension, the first entry of the head's ``dims``.
+    """
     return 8 * resolve_params(model_config)["WIDTH"]
 
 
 @register_model_trunk(TRUNK_NAME)
 class ResNetSmallPlugin(nn.Module):
+    """ResNet-10/18/34-style trunk with a small-image stem, VISSL's trunk interface.
+
+    Built from torchvision's ``BasicBlock``: stem (``conv1``, ``bn1``, ``conv1_relu``,
+    ``maxpool``), four stages of widths ``W, 2W, 4W, 8W`` (stride 1, 2, 2, 2), global
+    average pool and flatten, all in ``self._feature_blocks`` (see the module docstring
+    for the config keys and the feature names).
+
+    Args:
+        model_config: VISSL's ``config.MODEL``; reads ``TRUNK.RESNET_SMALL_PLUGIN`` (see
+            :func:`resolve_params`), ``INPUT_TYPE`` (``rgb`` | ``bgr`` | ``lab``) and
+            ``ACTIVATION_CHECKPOINTING``.
+        model_name: the registered name (VISSL passes it; unused).
+
+    Raises:
+        TrunkConfigError: a wrong ``TRUNK.RESNET_SMALL_PLUGIN`` value or ``INPUT_TYPE``.
+
+    Example::
+
+        trunk = ResNetSmallPlugin(cfg.MODEL)  # or VISSL's build_model(cfg.MODEL, ...)
+        (res5avg,) = trunk(images, ["res5avg"])  # [N, 8 * WIDTH, 1, 1]
+    """
+
     def __init__(self, model_config, model_name: str = TRUNK_NAME):
         super().__init__()
         self.model_config = model_config
@@ -205,6 +256,8 @@ class ResNetSmallPlugin(nn.Module):
         )
 
     def _make_stage(self, planes: int, blocks: int, stride: int) -> nn.Sequential:
+        """One ResNet stage: ``blocks`` BasicBlocks of ``planes`` channels, the first with
+        ``stride`` and a 1x1 conv + norm shortcut where the shape changes."""
         downsample = None
         if stride != 1 or self._inplanes != planes:
             downsample = nn.Sequential(
@@ -218,6 +271,8 @@ class ResNetSmallPlugin(nn.Module):
         return nn.Sequential(*layers)
 
     def _init_weights(self, zero_init_residual: bool):
+        """He (fan-out) init of the convs, norms at weight 1 / bias 0, as torchvision's
+        ResNet; ``zero_init_residual`` zeroes each block's last norm (Goyal et al. 2017)."""
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -230,6 +285,20 @@ class ResNetSmallPlugin(nn.Module):
                     nn.init.zeros_(m.bn2.weight)
 
     def forward(self, x: torch.Tensor, out_feat_keys: List[str] = None) -> List[torch.Tensor]:
+        """Features of a batch of images.
+
+        Args:
+            x: ``[N, C, H, W]`` images (or VISSL's ``MultiDimensionalTensor``).
+            out_feat_keys: feature names (``conv1``, ``res1``..``res5``, ``res5avg``,
+                ``flatten`` or raw block names); None or empty: the last block
+                (``flatten``), VISSL's default.
+
+        Returns:
+            One tensor per requested key, in the order asked for.
+
+        Raises:
+            ValueError: an unknown feature key (the message lists the available ones).
+        """
         out_feat_keys = list(out_feat_keys or [])
         if out_feat_keys:
             bad = [k for k in out_feat_keys if k not in self.feat_eval_mapping]
