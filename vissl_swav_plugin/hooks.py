@@ -44,9 +44,25 @@ def register_loss_hooks(loss_name: str):
     return deco
 
 
+_MONITOR_FACTORIES: List[Callable] = []
+
+
+def register_monitor_hooks(factory):
+    """Decorator: ``factory(cfg) -> List[ClassyHook]`` is asked for hooks in every run, whatever
+    the loss (progress line, collapse detector, online kNN, ...); it returns ``[]`` when its
+    config section switches it off.  Monitors come after the loss's own hooks."""
+    if factory not in _MONITOR_FACTORIES:
+        _MONITOR_FACTORIES.append(factory)
+    return factory
+
+
 def hooks_for_config(cfg) -> List[ClassyHook]:
+    """Our hooks for this config: the loss's own (by ``LOSS.name``), then the monitors."""
     factory = _LOSS_HOOK_FACTORIES.get(cfg.LOSS.name)
-    return list(factory(cfg)) if factory else []
+    hooks = list(factory(cfg)) if factory else []
+    for monitor in _MONITOR_FACTORIES:
+        hooks.extend(monitor(cfg))
+    return hooks
 
 
 def install() -> None:
