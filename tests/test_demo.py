@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, launcher_env
+from conftest import REPO, compose, launcher_env
 
 
 def test_demo_package_imports_nothing_heavy():
@@ -56,9 +56,34 @@ def test_mode_overrides_and_bad_values():
     from vissl_swav_plugin.demo.cli import MODES, parse_args
 
     args, mode = parse_args(["--quick", "--epochs", "3"])
-    assert mode == dict(MODES["quick"], epochs=3) and args.procs == 2
+    assert mode == dict(MODES["quick"], epochs=3) and args.procs is None
     with pytest.raises(SystemExit):
         parse_args(["--procs", "0"])
+
+
+def test_device_choice_cpu_defaults_and_gpu_overrides(tmp_path, monkeypatch):
+    """Without CUDA the demo runs 2 gloo processes on CPU; ``--device gpu`` names the problem;
+    on a GPU the launcher gets NCCL, the GPU device and fp16 AMP (composed by VISSL here)."""
+    import torch
+
+    from vissl_swav_plugin.demo import cli
+    from vissl_swav_plugin.demo.common import DemoError
+    from vissl_swav_plugin.demo.training import training_overrides
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args, mode = cli.parse_args(["--quick", "--out", str(tmp_path), "--amp", "off"])
+    setup = cli.make_setup(args, mode)
+    assert setup.device == "cpu" and args.procs == 2 and not setup.use_amp
+    with pytest.raises(DemoError, match="no CUDA device"):
+        cli.pick_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args, mode = cli.parse_args(["--quick", "--out", str(tmp_path)])
+    setup = cli.make_setup(args, mode)
+    assert setup.device == "gpu" and args.procs == 1 and setup.use_amp
+    cfg = compose(training_overrides(mode, tmp_path, tmp_path, True, 1, 0, device="gpu"))
+    assert cfg.MACHINE.DEVICE == "gpu" and cfg.DISTRIBUTED.BACKEND == "nccl"
+    assert cfg.MODEL.AMP_PARAMS.USE_AMP and cfg.MODEL.AMP_PARAMS.AMP_DTYPE == "float16"
 
 
 def test_tools_demo_help_lists_every_option():
@@ -66,5 +91,5 @@ def test_tools_demo_help_lists_every_option():
                          stdout=subprocess.PIPE, text=True, check=True).stdout
     for opt in ("--quick", "--out", "--data-dir", "--source", "--seed", "--procs", "--random-inits", "--threads",
                 "--amp", "--train-per-class", "--test-per-class", "--epochs", "--batch", "--queue", "--freeze",
-                "--prototypes", "--override"):
+                "--prototypes", "--override", "--device"):
         assert opt in out, opt

@@ -72,7 +72,10 @@ def build_parser():
                     help="where the Fashion-MNIST ImageFolder is written / reused (default data/)")
     ap.add_argument("--source", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST IDX files")
     ap.add_argument("--seed", type=int, default=0, help="VISSL SEED_VALUE (also the random-init model's seed)")
-    ap.add_argument("--procs", type=int, default=2, help="gloo training processes (default 2)")
+    ap.add_argument("--procs", type=int, default=None,
+                    help="training processes (default: 2 gloo processes on CPU, one per GPU on GPUs)")
+    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
+                    help="auto = the GPU(s) when CUDA is available (NCCL, fp16 AMP), else CPU (default)")
     ap.add_argument("--random-inits", type=int, default=5,
                     help="random initialisations averaged for the random-init baseline (default 5; the "
                          "first is the training's own starting point)")
@@ -99,7 +102,7 @@ def parse_args(argv=None):
     for key in mode:
         if getattr(args, key) is not None:
             mode[key] = getattr(args, key)
-    if args.procs < 1:
+    if args.procs is not None and args.procs < 1:
         ap.error("--procs must be >= 1")
     if args.random_inits < 1:
         ap.error("--random-inits must be >= 1")
@@ -116,12 +119,36 @@ def make_setup(args, mode):
         shutil.rmtree(run_dir)
     ckpt_dir = run_dir / "checkpoints"
     ckpt_dir.mkdir(parents=True)
+    device = pick_device(args.device)
+    if args.procs is None:
+        args.procs = 2 if device == "cpu" else cuda_device_count()
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.procs)
     use_amp = {"on": True, "off": False}.get(args.amp)
     if use_amp is None:
-        use_amp = bf16_native()
+        use_amp = device == "gpu" or bf16_native()
     return DemoSetup(args=args, mode=mode, label="quick" if args.quick else "full", out=out, run_dir=run_dir,
-                     ckpt_dir=ckpt_dir, threads=threads, use_amp=use_amp)
+                     ckpt_dir=ckpt_dir, threads=threads, use_amp=use_amp, device=device)
+
+
+def amp_label(setup):
+    """How the training's autocast is described in the demo's output."""
+    if setup.device == "gpu":
+        return f"fp16 AMP {'on' if setup.use_amp else 'off'} on the GPU"
+    return f"bf16 autocast {'on' if setup.use_amp else 'off'}"
+
+
+def cuda_device_count():
+    """Number of visible CUDA devices (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pick_device(choice):
+    """``"gpu"`` for ``--device gpu`` or (``auto``) when CUDA is available, else ``"cpu"``."""
+    if choice == "gpu" and cuda_device_count() == 0:
+        raise DemoError("--device gpu: no CUDA device is visible")
+    return "gpu" if choice == "gpu" or (choice == "auto" and cuda_device_count() > 0) else "cpu"
 
 
 def data_step(setup):
@@ -145,10 +172,10 @@ def training_step(setup, data):
     if per_rank < 1:
         raise DemoError(f"{n_train} images are too few for {args.procs} x {mode['batch']} per batch")
     overrides = training_overrides(mode, data["folder"], setup.ckpt_dir, setup.use_amp, args.procs, args.seed,
-                                   args.override)
-    print(f"[2/4] SwAV pre-training through VISSL's launcher: {args.procs} gloo process(es) x "
+                                   args.override, device=setup.device)
+    print(f"[2/4] SwAV pre-training through VISSL's launcher: {args.procs} {'gloo' if setup.device == 'cpu' else 'NCCL'} process(es) x "
           f"{setup.threads} thread(s), {mode['epochs']} epochs x {per_rank} it, batch "
-          f"{args.procs}x{mode['batch']}, bf16 autocast {'on' if setup.use_amp else 'off'} "
+          f"{args.procs}x{mode['batch']}, {amp_label(setup)} "
           f"(log: {setup.run_dir / 'train_log.txt'})", flush=True)
     parsed, t_train = run_training(overrides, setup.run_dir, per_rank * mode["epochs"], mode["epochs"],
                                    setup.threads)

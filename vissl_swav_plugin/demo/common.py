@@ -31,7 +31,8 @@ class DemoSetup:
         out: the report folder; ``run_dir`` (``out/run``, emptied at start) holds the
             training log and ``ckpt_dir`` (``run_dir/checkpoints``) VISSL's checkpoints.
         threads: torch threads per training process.
-        use_amp: bf16 autocast in the training.
+        use_amp: autocast in the training (bf16 on CPU, fp16 with a GradScaler on a GPU).
+        device: ``"cpu"`` (gloo processes) or ``"gpu"`` (one NCCL process per GPU).
     """
 
     args: object
@@ -42,6 +43,7 @@ class DemoSetup:
     ckpt_dir: Path
     threads: int
     use_amp: bool
+    device: str = "cpu"
 
 
 class Clock:

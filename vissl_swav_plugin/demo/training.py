@@ -116,7 +116,7 @@ def hydra_value(v):
     return "[" + ",".join(hydra_value(x) for x in v) + "]"
 
 
-def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_overrides=()):
+def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_overrides=(), device="cpu"):
     """The launcher's command-line overrides for the demo's config.
 
     Args:
@@ -127,6 +127,8 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         procs: gloo processes (DISTRIBUTED.NUM_PROC_PER_NODE).
         seed: SEED_VALUE.
         user_overrides: ``--override`` values, appended last (they win).
+        device: ``"cpu"`` (the config's gloo/bf16 settings) or ``"gpu"`` (NCCL, one process
+            per GPU, fp16 AMP with a GradScaler, 8 data-loader workers).
 
     Returns:
         The list of overrides, ``config=...`` first.  The mode's number of prototypes goes
@@ -145,6 +147,9 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         f"config.SEED_VALUE={seed}",
         f"config.CHECKPOINT.DIR={ckpt_dir}",
     ]
+    if device == "gpu":
+        base += ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl",
+                 "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16", "config.DATA.NUM_DATALOADER_WORKERS=8"]
     user = list(user_overrides)
     if not any(o.split("=", 1)[0].lstrip("+") == "config.MODEL.HEAD.PARAMS" for o in user):
         head = [list(p) for p in compose_config(base + user).MODEL.HEAD.PARAMS]
