@@ -90,13 +90,13 @@ def _loss_with_state(cfg, protos, queue_rows):
 
 @pytest.mark.parametrize("mode", sorted(AMP_MODES))
 @pytest.mark.parametrize("queue", [False, True])
-def test_swav_loss_under_amp_equals_fp32(mode, queue):
+def test_swav_loss_under_amp_equals_fp32(mode, queue, tmp_path):
     """The head returns fp16/bf16 scores under AMP: the loss of those scores under autocast
     equals the fp32 computation (outside autocast) on the same rounded scores, finite, with
     a dead prototype in the batch."""
     B, K, V, D = 64, 3000, 4, 32
     low = torch.bfloat16 if "bf16" in mode else torch.float16
-    cfg = swav_loss_config(num_crops=V, K=K, D=D, queue_len=2 * B if queue else 0)
+    cfg = swav_loss_config(num_crops=V, K=K, D=D, queue_len=2 * B if queue else 0, output_dir=str(tmp_path))
     g = torch.Generator().manual_seed(1)
     protos = torch.nn.Linear(D, K, bias=False)
     with torch.no_grad():

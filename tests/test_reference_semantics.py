@@ -50,13 +50,13 @@ def partial_queue_codes(steps, W, queue_len):
 @pytest.mark.parametrize("use_before_full,reference", [(False, official_queue_codes),
                                                         (True, partial_queue_codes)])
 @pytest.mark.parametrize("queue_len", [2 * B, 3 * B])
-def test_queue_scoring_follows_reference(use_before_full, reference, queue_len):
+def test_queue_scoring_follows_reference(use_before_full, reference, queue_len, tmp_path):
     g = torch.Generator().manual_seed(queue_len)
     protos = torch.nn.Linear(D, K, bias=False)
     with torch.no_grad():
         protos.weight.copy_(F.normalize(torch.randn(K, D, generator=g), dim=1))
     steps = [F.normalize(torch.randn(V * B, D, generator=g), dim=1) for _ in range(5)]
-    cfg = swav_loss_config(num_crops=V, K=K, D=D, queue_len=queue_len)
+    cfg = swav_loss_config(num_crops=V, K=K, D=D, queue_len=queue_len, output_dir=str(tmp_path))
     cfg["queue"]["use_before_full"] = use_before_full
     loss = SwAVPluginLoss(cfg)
     loss.set_prototypes([protos])
