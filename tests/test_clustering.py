@@ -1,4 +1,4 @@
-"""Offline clustering of DeepCluster-v2 / SeLa-v2 (vissl_swav_plugin.clustering):
+"""Offline clustering of DeepCluster-v2 / SeLa-v2 (vissl_swav_plugin.clustering, .memory_store):
 spherical k-means against planted clusters and a dense fp64 reference, SeLa assignment
 against a dense Sinkhorn written from the paper's pseudo-code, the equipartition
 constraint, the memory bank / dataset-wide tables, and 2 processes vs 1."""
@@ -10,13 +10,8 @@ import torch.nn.functional as F
 from sklearn.metrics import adjusted_rand_score
 
 from conftest import run_gloo_workers
-from vissl_swav_plugin.clustering import (
-    IGNORE_INDEX,
-    MemoryBank,
-    gather_table,
-    sela_assign,
-    spherical_kmeans,
-)
+from vissl_swav_plugin.clustering import sela_assign, spherical_kmeans
+from vissl_swav_plugin.memory_store import IGNORE_INDEX, MemoryBank, gather_table
 
 
 def planted(K=10, D=32, n=100, noise=0.15, seed=0, dtype=torch.float64):

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import compose, run_launcher
-from vissl_swav_plugin.clustering import IGNORE_INDEX, sela_assign, spherical_kmeans
+from vissl_swav_plugin.clustering import sela_assign, spherical_kmeans
+from vissl_swav_plugin.memory_store import IGNORE_INDEX
 
 DC_CFG, SL_CFG = "config=pretrain/deepcluster_v2/deepclusterv2_quick_cpu", "config=pretrain/sela_v2/selav2_quick_cpu"
 LD, LS = "config.LOSS.deepclusterv2_plugin_loss", "config.LOSS.selav2_plugin_loss"
@@ -153,6 +154,47 @@ def test_runtime_checks_name_the_key():
     single.set_batch(torch.tensor([1, 2, 1, 2]), 2, True)  # 2 crops: crop 2 does not exist
     with pytest.raises(ConfigError, match="crops_for_mb"):
         single([torch.randn(4, 5), torch.randn(4, 3), torch.randn(4, 4)], torch.zeros(4))
+
+@pytest.mark.parametrize("kind", ["deepclusterv2", "selav2"])
+def test_non_finite_scores_stop_with_dump(kind, tmp_path):
+    from vissl_swav_plugin.nonfinite import NonFiniteLossError
+    from vissl_swav_plugin.swav_loss import NonFiniteLossError as SwAVError
+
+    assert NonFiniteLossError is SwAVError  # one error class for every loss
+    loss = make_loss(kind, output_dir=str(tmp_path))
+    g = torch.Generator().manual_seed(2)
+    ids = torch.tensor([1, 5, 8]).repeat(2)
+    emb = F.normalize(torch.randn(6, 5, generator=g), dim=1)
+    scores = [torch.randn(6, 3, generator=g), torch.randn(6, 4, generator=g)]
+    loss.assignments.copy_(torch.randint(0, 3, (2, 10), generator=g))
+    loss.set_batch(ids, 2, True, 7)
+    assert torch.isfinite(loss([emb] + scores, ids))  # finite input: no guard, no dump
+    assert not list(tmp_path.iterdir())
+    scores[1][4, 2] = float("nan")
+    loss.set_batch(ids, 2, True, 8)
+    with pytest.raises(NonFiniteLossError, match="saved to") as err:
+        loss([emb] + scores, ids)
+    dumps = list(tmp_path.glob("nonfinite_rank0_*.pth"))
+    assert [d.name for d in dumps] == ["nonfinite_rank0_iter8_head1.pth"]
+    assert str(dumps[0]) in str(err.value) and "head 1" in str(err.value)
+    saved = torch.load(dumps[0])
+    assert torch.isnan(saved["scores"]).sum() == 1 and saved["iteration"] == 8
+
+
+@pytest.mark.parametrize("kind", ["deepclusterv2", "selav2"])
+def test_non_finite_memory_bank_stops_the_clustering(kind, tmp_path):
+    from vissl_swav_plugin.nonfinite import NonFiniteLossError
+
+    loss = make_loss(kind, output_dir=str(tmp_path), num_clusters=[2])
+    x = F.normalize(torch.randn(4, 5), dim=1)
+    x[2, 0] = float("inf")
+    loss.memory.add(torch.tensor([0, 3, 6, 9]), [x])
+    task = SimpleNamespace(base_model=torch.nn.Linear(2, 2), iteration=12)
+    with pytest.raises(NonFiniteLossError, match="memory bank rows"):
+        loss.start_epoch(task, 1)
+    saved = torch.load(tmp_path / "nonfinite_rank0_iter12_head0.pth")
+    assert torch.equal(saved["ids"], torch.tensor([0, 3, 6, 9])) and torch.isinf(saved["bank_rows"]).sum() == 1
+
 
 N = 32  # DATA_LIMIT of the quick configs
 METHODS = {

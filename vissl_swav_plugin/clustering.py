@@ -1,26 +1,20 @@
-"""Offline clustering for DeepCluster-v2 and SeLa-v2 (SwAV paper, appendix "Details on
-Clustering-Based methods").  Pure ``torch`` + ``torch.distributed``; nothing here knows
-about VISSL.
+"""The assignment steps of DeepCluster-v2 and SeLa-v2 (SwAV paper, appendix "Details on
+Clustering-Based methods"): how the features of the memory bank become pseudo-labels.
+Pure ``torch`` + ``torch.distributed``; nothing here knows about VISSL.  The bank itself
+and the dataset-wide pseudo-label tables are in :mod:`vissl_swav_plugin.memory_store`.
 
 Contents
 --------
-* :class:`MemoryBank` -- per-process bank of the previous epoch's embeddings, one bank per
-  crop in ``crops_for_mb``, every row tagged with its dataset sample index.  The rows of
-  all processes together form the bank of the whole dataset; each process keeps only its
-  own rows (the samples its data sampler gave it).  :meth:`MemoryBank.gather_snapshot`
-  collects all rows on one process (for checkpoints), :meth:`MemoryBank.load_snapshot`
-  re-shards a snapshot over the current processes (any world size).
-* :func:`spherical_kmeans` -- k-means with cosine similarity on L2-normalised rows,
-  distributed: the assignment (E) step is local, the per-centroid sums and counts are
-  all-reduced, so W processes compute the k-means of the concatenation of their rows.
-  Initialisation picks K *dataset indices* with a seeded generator and averages the rows
-  carrying them, so the result does not depend on how the rows are split over processes.
-  Empty clusters are re-seeded by splitting the largest cluster (faiss' strategy).
-* :func:`sela_assign` -- SeLa-v2 pseudo-labels: Sinkhorn-Knopp of bank scores against the
-  current prototypes under equipartition over the *whole* bank, via
+* :func:`spherical_kmeans` -- DeepCluster-v2: k-means with cosine similarity on
+  L2-normalised rows, distributed: the assignment (E) step is local, the per-centroid sums
+  and counts are all-reduced, so W processes compute the k-means of the concatenation of
+  their rows.  Initialisation picks K *dataset indices* with a seeded generator and
+  averages the rows carrying them, so the result does not depend on how the rows are
+  split over processes.  Empty clusters are re-seeded by splitting the largest cluster
+  (faiss' strategy).
+* :func:`sela_assign` -- SeLa-v2: Sinkhorn-Knopp of bank scores against the current
+  prototypes under equipartition over the *whole* bank, via
   :func:`vissl_swav_plugin.sinkhorn.sinkhorn_knopp` (its marginals are all-reduced).
-* :func:`gather_table` -- build the dataset-wide table ``index -> value`` from the rows of
-  all processes (deterministic when an index occurs more than once: last row wins).
 
 Why k-means in torch rather than faiss: faiss' ``Kmeans`` is single-process, so it would
 need the whole bank on one process (or every process) plus a broadcast; in torch the
@@ -28,165 +22,14 @@ distributed version is one ``all_reduce`` of a K x (D+1) tensor per iteration, r
 on the GPU that already holds the bank, and needs no extra dependency.
 """
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from vissl_swav_plugin.distributed import (
-    active as dist_active,
-    all_gather_rows,
-    all_reduce_ as _all_reduce_,
-    broadcast_,
-    world_size_and_rank,
-)
+from vissl_swav_plugin.distributed import active, all_reduce_, broadcast_
 from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
-
-IGNORE_INDEX = -100
-
-
-def gather_table(
-    ids: torch.Tensor,
-    values: torch.Tensor,
-    size: int,
-    fill=IGNORE_INDEX,
-    distributed: Optional[bool] = None,
-) -> torch.Tensor:
-    """Dataset-wide table ``T[size, *values.shape[1:]]`` with ``T[ids[i]] = values[i]``
-    over the rows of all processes; entries no process holds get ``fill``.  An index
-    held by several rows takes the value of the last one in rank-then-row order.
-    Every process receives the full table."""
-    if ids.shape[0] != values.shape[0]:
-        raise ValueError(f"gather_table: {ids.shape[0]} ids for {values.shape[0]} values")
-    all_ids = all_gather_rows(ids.to(torch.long), distributed)
-    all_vals = all_gather_rows(values, distributed)
-    table = torch.full((size,) + tuple(values.shape[1:]), fill, dtype=values.dtype, device=values.device)
-    if all_ids.numel() == 0:
-        return table
-    if int(all_ids.min()) < 0 or int(all_ids.max()) >= size:
-        raise ValueError(
-            f"gather_table: sample index out of range [0, {size}): "
-            f"min {int(all_ids.min())}, max {int(all_ids.max())}"
-        )
-    pos = torch.arange(all_ids.shape[0], device=all_ids.device)
-    last = torch.full((size,), -1, dtype=torch.long, device=all_ids.device)
-    last.scatter_reduce_(0, all_ids, pos, reduce="amax", include_self=True)
-    have = last >= 0
-    table[have] = all_vals[last[have]]
-    return table
-
-
-# --------------------------------------------------------------------------------------
-# memory bank
-# --------------------------------------------------------------------------------------
-class MemoryBank(torch.nn.Module):
-    """Embeddings of the previous epoch, ``num_banks`` x ``capacity`` x ``dim`` per process.
-
-    Rows are written in arrival order (:meth:`add`); ``indices[i]`` is the dataset sample
-    index of row ``i`` (-1: empty).  Rows are *not* cleared between epochs: an epoch
-    overwrites the rows it reaches, a row it does not reach keeps the older feature.
-    """
-
-    def __init__(self, num_banks: int, capacity: int, dim: int, dtype=torch.float32):
-        super().__init__()
-        if num_banks < 1 or capacity < 1 or dim < 1:
-            raise ValueError(
-                f"MemoryBank: num_banks ({num_banks}), capacity ({capacity}) and dim ({dim}) must be >= 1"
-            )
-        self.register_buffer("embeddings", torch.zeros(num_banks, capacity, dim, dtype=dtype))
-        self.register_buffer("indices", torch.full((capacity,), -1, dtype=torch.long))
-        self.ptr = 0
-
-    @property
-    def num_banks(self) -> int:
-        return self.embeddings.shape[0]
-
-    @property
-    def capacity(self) -> int:
-        return self.embeddings.shape[1]
-
-    @property
-    def dim(self) -> int:
-        return self.embeddings.shape[2]
-
-    def reset_pointer(self) -> None:
-        self.ptr = 0
-
-    @torch.no_grad()
-    def add(self, ids: torch.Tensor, embeddings: Sequence[torch.Tensor]) -> None:
-        """Write ``len(ids)`` rows; ``embeddings[j]`` ([n, dim]) goes to bank ``j``."""
-        n = int(ids.shape[0])
-        if len(embeddings) != self.num_banks:
-            raise ValueError(f"MemoryBank.add: {len(embeddings)} embeddings for {self.num_banks} banks")
-        if self.ptr + n > self.capacity:
-            raise RuntimeError(
-                f"MemoryBank overflow: {self.ptr} + {n} rows > capacity {self.capacity} per process. "
-                "The bank is sized ceil(num_train_samples / world_size); the data loader gave this "
-                "process more samples in one epoch than that (num_train_samples does not match the "
-                "training dataset, or the per-epoch pointer was not reset)."
-            )
-        s = slice(self.ptr, self.ptr + n)
-        self.indices[s] = ids.to(self.indices.device, torch.long)
-        for j, e in enumerate(embeddings):
-            if e.shape != (n, self.dim):
-                raise ValueError(f"MemoryBank.add: embedding {j} has shape {tuple(e.shape)}, expected {(n, self.dim)}")
-            self.embeddings[j, s] = e.detach().to(self.embeddings.dtype)
-        self.ptr += n
-
-    def valid_mask(self) -> torch.Tensor:
-        return self.indices >= 0
-
-    def num_valid(self, distributed: Optional[bool] = None) -> int:
-        """Number of filled rows over all processes."""
-        n = self.valid_mask().sum().reshape(1)
-        return int(_all_reduce_(n, distributed=distributed).item())
-
-    def local_rows(self, bank: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(ids [n], embeddings [n, dim]) of this process' filled rows of ``bank``."""
-        m = self.valid_mask()
-        return self.indices[m], self.embeddings[bank][m]
-
-    @torch.no_grad()
-    def gather_snapshot(self, dst: int = 0, distributed: Optional[bool] = None):
-        """All processes' filled rows, sorted by sample index (stable), on process ``dst``
-        (CPU tensors ``ids [M]`` and ``embeddings [num_banks, M, dim]``); ``None`` elsewhere.
-        Collective: every process must call it."""
-        m = self.valid_mask()
-        ids = self.indices[m]
-        emb = self.embeddings[:, m].transpose(0, 1).contiguous()  # [n, banks, dim]
-        all_ids = all_gather_rows(ids, distributed)
-        all_emb = all_gather_rows(emb, distributed)
-        _, rank = world_size_and_rank(distributed)
-        if rank != dst:
-            return None
-        order = torch.sort(all_ids, stable=True).indices
-        return all_ids[order].cpu(), all_emb[order].transpose(0, 1).contiguous().cpu()
-
-    @torch.no_grad()
-    def load_snapshot(self, ids: torch.Tensor, embeddings: torch.Tensor, distributed: Optional[bool] = None) -> int:
-        """Take this process' share (rows ``rank::world``) of a snapshot; returns rows kept."""
-        if embeddings.dim() != 3 or embeddings.shape[0] != self.num_banks or embeddings.shape[2] != self.dim:
-            raise ValueError(
-                f"memory bank snapshot has shape {tuple(embeddings.shape)}, expected "
-                f"[{self.num_banks} (len(crops_for_mb)), M, {self.dim} (embedding_dim)]"
-            )
-        if ids.shape[0] != embeddings.shape[1]:
-            raise ValueError(f"memory bank snapshot: {ids.shape[0]} indices for {embeddings.shape[1]} rows")
-        world, rank = world_size_and_rank(distributed)
-        mine = torch.arange(rank, ids.shape[0], world)
-        if mine.numel() > self.capacity:
-            raise ValueError(
-                f"memory bank snapshot holds {ids.shape[0]} rows, more than {world} processes x "
-                f"capacity {self.capacity} (num_train_samples smaller than in the checkpointed run?)"
-            )
-        n = mine.numel()
-        self.indices.fill_(-1)
-        self.embeddings.zero_()
-        self.indices[:n] = ids[mine].to(self.indices.device)
-        self.embeddings[:, :n] = embeddings[:, mine].to(self.embeddings.device, self.embeddings.dtype)
-        self.ptr = 0
-        return n
 
 
 # --------------------------------------------------------------------------------------
@@ -202,7 +45,7 @@ def _mean_rows_of_ids(x, ids, chosen, id_space, distributed):
     acc = torch.zeros(m, D + 1, dtype=x.dtype, device=x.device)
     acc[:, :D].index_add_(0, row_slot[sel], x[sel])
     acc[:, D].index_add_(0, row_slot[sel], torch.ones(int(sel.sum()), dtype=x.dtype, device=x.device))
-    _all_reduce_(acc, distributed=distributed)
+    all_reduce_(acc, distributed=distributed)
     return F.normalize(acc[:, :D], dim=1)
 
 
@@ -291,18 +134,18 @@ def spherical_kmeans(
     D = x.shape[1]
     x = F.normalize(x.to(dtype), dim=1)
     ids = ids.to(device=device, dtype=torch.long)
-    use_dist = dist_active(distributed)
+    use_dist = active(distributed)
 
     # ---- id space and global presence of ids
     if id_space is None:
         mx = torch.tensor([int(ids.max()) + 1 if ids.numel() else 0], device=device, dtype=torch.long)
-        id_space = int(_all_reduce_(mx, dist.ReduceOp.MAX if use_dist else None, distributed).item())
+        id_space = int(all_reduce_(mx, dist.ReduceOp.MAX if use_dist else None, distributed).item())
     present = torch.zeros(id_space, dtype=torch.int32, device=device)
     if ids.numel():
         if int(ids.min()) < 0 or int(ids.max()) >= id_space:
             raise ValueError(f"spherical_kmeans: ids must lie in [0, {id_space})")
         present[ids] = 1
-    _all_reduce_(present, dist.ReduceOp.MAX if use_dist else None, distributed)
+    all_reduce_(present, dist.ReduceOp.MAX if use_dist else None, distributed)
 
     # ---- initialisation from K (random) or oversample*K (k-means++) distinct ids drawn
     # with a seeded permutation: the same on every process, whatever the row split
@@ -339,7 +182,7 @@ def spherical_kmeans(
         acc = torch.zeros(K, D + 1, dtype=dtype, device=device)  # M step
         acc[:, :D].index_add_(0, assign, x)
         acc[:, D] = torch.bincount(assign, minlength=K).to(dtype)
-        _all_reduce_(acc, distributed=distributed)
+        all_reduce_(acc, distributed=distributed)
         counts = acc[:, D].clone()
         new = acc[:, :D]
         nonempty = counts > 0
@@ -361,7 +204,7 @@ def spherical_kmeans(
                 reseeded += 1
     # objective: mean cosine of rows to their centroid, over all processes
     stats = torch.stack([best.sum() if best.numel() else best.new_zeros(()), best.new_tensor(float(best.numel()))])
-    _all_reduce_(stats, distributed=distributed)
+    all_reduce_(stats, distributed=distributed)
     objective = float(stats[0] / stats[1].clamp_min(1))
     return centroids, assign, {"objective": objective, "reseeded": reseeded}
 
@@ -403,14 +246,4 @@ def sela_assign(
     return codes
 
 
-__all__: List[str] = [
-    "IGNORE_INDEX",
-    "MemoryBank",
-    "all_gather_rows",
-    "broadcast_",
-    "dist_active",
-    "gather_table",
-    "sela_assign",
-    "spherical_kmeans",
-    "world_size_and_rank",
-]
+__all__: List[str] = ["sela_assign", "spherical_kmeans"]

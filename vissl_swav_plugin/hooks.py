@@ -145,16 +145,6 @@ class SwAVAssignmentHook(NoOpHook):
             self._gather(task)
 
 
-def _to_cpu(obj):
-    if torch.is_tensor(obj):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_to_cpu(v) for v in obj]
-    return obj
-
-
 def guard_finite_model_output(task) -> None:
     """Stop with a clear error when the model output (embeddings / prototype scores) is
     NaN/inf, saving output and input batch.  Runs in ``on_forward`` before VISSL's
@@ -166,20 +156,17 @@ def guard_finite_model_output(task) -> None:
     tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if torch.is_tensor(t)]
     if not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):
         return
-    from vissl_swav_plugin.distributed import rank as _rank
-    from vissl_swav_plugin.swav_loss import NonFiniteLossError
+    from vissl_swav_plugin.nonfinite import raise_non_finite
 
     it = int(task.iteration)
     out_dir = getattr(task.loss, "output_dir", None) or task.checkpoint_folder or "."
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"nonfinite_rank{_rank()}_iter{it}_model_output.pth")
     sample = getattr(task.last_batch, "sample", {}) or {}
-    torch.save({"model_output": _to_cpu(tensors), "input": _to_cpu(sample.get("input")),
-                "iteration": it}, path)
-    raise NonFiniteLossError(
+    raise_non_finite(
+        out_dir, it, "model_output", {"model_output": tensors, "input": sample.get("input"), "iteration": it},
         f"swav_plugin_loss: the model output (embeddings / prototype scores) is NaN or inf at "
         f"iteration {it}: the training diverged (learning rate too high? fp16 overflow?). No "
-        f"checkpoint was written for this iteration; model output and input batch saved to {path}"
+        f"checkpoint was written for this iteration",
+        "model output and input batch",
     )
 
 

@@ -1,142 +1,170 @@
 """SeLa-v2 (SwAV paper, appendix "Details on Clustering-Based methods") for VISSL.
 
-Registered loss ``selav2_plugin_loss`` (:class:`SeLaV2PluginLoss`).  No public
-implementation exists; this follows the paper:
+SeLa-v2 is the memory-bank clustering of :mod:`vissl_swav_plugin.memory_bank` with an
+*equipartition* assignment step and *learned* prototypes.  No public implementation
+exists; this follows the paper:
 
-* training phase: ``min_{z, c} l(z, c, q)`` -- the cross-entropy between the pseudo-labels
+* training: ``min_{z, c} l(z, c, q)`` -- the cross-entropy between the pseudo-labels
   ``q`` and ``softmax(z^T c / tau)``, over all crops, averaged over the clusterings; the
-  prototypes ``c`` are ordinary head parameters learned by SGD (use VISSL's
-  ``swav_head``), L2-normalised after every update like SwAV's;
-* assignment phase (start of every epoch): ``min_q l(z, c, q)`` under the equipartition
+  prototypes ``c`` are ordinary head parameters learned by SGD (``swav_plugin_head`` or
+  VISSL's ``swav_head``), L2-normalised after every update like SwAV's;
+* assignment (start of every epoch): ``min_q l(z, c, q)`` under the equipartition
   constraint over the *whole dataset*, solved by Sinkhorn-Knopp on the scores of the
   memory bank (features of the previous epoch, no extra forward pass) against the
-  current prototypes.  The bank rows are split over the processes and
-  ``sinkhorn_knopp`` all-reduces its marginals, so the labels equal those of a single
-  process holding the whole bank.  Pseudo-labels are hard (argmax of the transport
-  plan, as in SeLa) or, with ``hard_labels: false``, the soft codes themselves (a
-  dataset x K table per clustering: small datasets only).
+  current prototypes (:func:`vissl_swav_plugin.clustering.sela_assign`).  The bank rows
+  are split over the processes and Sinkhorn-Knopp all-reduces its marginals, so the
+  labels equal those of a single process holding the whole bank.  Pseudo-labels are
+  hard (argmax of the transport plan, as in SeLa) or, with ``hard_labels: false``, the
+  soft codes themselves (a dataset x K table per clustering: small datasets only).
 
-Extra config: ``sinkhorn_epsilon`` (0.01, entropic regularisation of the scores
-``z^T c``; SeLa's lambda corresponds to ``tau / epsilon``; smaller values make the hard
-labels closer to an exact equipartition but need more iterations),
-``sinkhorn_iterations`` (200),
-``sinkhorn_dtype`` (float64 | float32), ``hard_labels`` (true),
-``normalize_prototypes`` (true).
+Registered: loss ``selav2_plugin_loss`` (:class:`SeLaV2PluginLoss`), its hook
+(:class:`~vissl_swav_plugin.memory_bank.MemoryClusteringHook`) and config inference
+(:func:`~vissl_swav_plugin.clustering_checks.infer_clustering_loss_config`).
 """
-import logging
+from typing import Any, Dict
 
 import torch
 import torch.nn.functional as F
 from classy_vision.losses import register_loss
 
-from vissl_swav_plugin import clustering as C
-from vissl_swav_plugin.config_validation import register_config_inference
-from vissl_swav_plugin.deepcluster_v2 import (
-    MemoryBankClusteringLoss,
-    MemoryClusteringHook,
-    find_prototype_params,
-    infer_clustering_loss_config,
+from vissl_swav_plugin.clustering import sela_assign
+from vissl_swav_plugin.config_validation import (
+    ConfigError,
+    register_config_inference,
+    require_int,
+    require_positive_number,
 )
 from vissl_swav_plugin.hooks import register_loss_hooks
+from vissl_swav_plugin.memory_bank import (
+    IGNORE_INDEX,
+    MemoryBankClusteringLoss,
+    gather_table,
+    infer_clustering_loss_config,
+    memory_clustering_hooks,
+)
 
+DTYPES = ("float32", "float64")
 
 
 @register_loss("selav2_plugin_loss")
 class SeLaV2PluginLoss(MemoryBankClusteringLoss):
+    """SeLa-v2: equipartitioned Sinkhorn-Knopp pseudo-labels, learned prototypes.
+
+    Extra config (``LOSS.selav2_plugin_loss``)::
+
+        sinkhorn_epsilon: 0.01     # entropic regularisation of the scores z^T c; SeLa's
+                                   # lambda is tau / epsilon; smaller: closer to an exact
+                                   # equipartition, more iterations needed
+        sinkhorn_iterations: 200
+        sinkhorn_dtype: float64    # or float32
+        hard_labels: true          # false: train on the soft codes
+        normalize_prototypes: true # L2-normalise the prototypes after every update
+    """
+
     LOSS_NAME = "selav2_plugin_loss"
-    PROTOTYPES_TRAINABLE = True
-    REQUIRES_HEAD_PROTOTYPES = True
+    STATE_BUFFERS = ("soft_codes",)  # checkpointed with the loss
 
     def __init__(self, loss_config):
         super().__init__(loss_config)
-        self.epsilon = float(self._get("sinkhorn_epsilon", 0.01))
-        if not self.epsilon > 0:
-            self._bad("sinkhorn_epsilon", f"must be > 0, got {self.epsilon}")
-        self.sinkhorn_iterations = int(self._get("sinkhorn_iterations", 200))
-        if self.sinkhorn_iterations < 1:
-            self._bad("sinkhorn_iterations", f"must be >= 1, got {self.sinkhorn_iterations}")
-        dt = str(self._get("sinkhorn_dtype", "float64"))
-        if dt not in ("float32", "float64"):
-            self._bad("sinkhorn_dtype", f"must be float32 or float64, got {dt}")
-        self.sinkhorn_dtype = getattr(torch, dt)
+        self.epsilon = self._positive("sinkhorn_epsilon", 0.01)
+        self.sinkhorn_iterations = self._at_least("sinkhorn_iterations", 200, minimum=1)
+        self.sinkhorn_dtype = getattr(torch, self._choice("sinkhorn_dtype", "float64", DTYPES))
         self.hard_labels = bool(self._get("hard_labels", True))
         self.normalize_prototypes = bool(self._get("normalize_prototypes", True))
         if not self.hard_labels:
             for h, k in enumerate(self.num_clusters):
                 self.register_buffer(f"soft_codes{h}", torch.zeros(self.num_train_samples, k))
-        self._prototypes = None
 
-    def soft_codes(self, h: int) -> torch.Tensor:
-        return getattr(self, f"soft_codes{h}")
+    # ------------------------------------------------------------------ config
+    @classmethod
+    def check_head_config(cls, head_name, has_prototypes, prefix):
+        """The last head must have prototypes: SeLa-v2 learns them."""
+        if not has_prototypes:
+            raise ConfigError(
+                f"config.MODEL.HEAD.PARAMS: {prefix} learns prototypes, so the last head must have "
+                f"them (swav_plugin_head / swav_head with num_clusters); got {head_name}"
+            )
+
+    @classmethod
+    def validate_method_config(cls, lc, prefix):
+        """``sinkhorn_epsilon``, ``sinkhorn_iterations``, ``sinkhorn_dtype``."""
+        require_positive_number(lc.get("sinkhorn_epsilon", 0.01), f"{prefix}.sinkhorn_epsilon")
+        require_int(lc.get("sinkhorn_iterations", 200), f"{prefix}.sinkhorn_iterations", minimum=1)
+        if lc.get("sinkhorn_dtype", "float64") not in DTYPES:
+            raise ConfigError(
+                f"config.{prefix}.sinkhorn_dtype must be float32 or float64, got {lc.get('sinkhorn_dtype')!r}"
+            )
 
     def check_model(self, model):
-        super().check_model(model)
-        self._prototypes = {h: p for h, (n, p) in find_prototype_params(model).items()}
+        """The model must have one trainable prototype layer per clustering."""
+        protos = super().check_model(model)
+        if not protos:
+            raise ValueError(
+                f"{self.name}: the model has no prototype layers (parameters named "
+                "'prototypes<i>.weight'); use MODEL.HEAD.PARAMS [[swav_plugin_head, {dims: [..., "
+                f"{self.embedding_dim}], num_clusters: {self.num_clusters}}}]]"
+            )
+        for name, layer in protos.values():
+            if not layer.weight.requires_grad:
+                raise ValueError(f"{self.name}: prototype parameter {name}.weight is frozen but SeLa-v2 learns them")
+        return protos
 
-    def prototypes(self, model):
-        if self._prototypes is None:
-            self._prototypes = {h: p for h, (n, p) in find_prototype_params(model).items()}
-        return self._prototypes
+    # ------------------------------------------------------------------ the method
+    def soft_codes(self, h: int) -> torch.Tensor:
+        """The soft pseudo-labels [num_train_samples, K_h] of clustering ``h``
+        (``hard_labels: false`` only)."""
+        return getattr(self, f"soft_codes{h}")
 
-    def compute_assignments(self, model, epoch):
-        protos = self.prototypes(model)
+    def compute_assignments(self, model, epoch: int) -> Dict[str, Any]:
+        """Sinkhorn-Knopp of the bank scores against the current prototypes, for every
+        clustering (equipartition over the rows of all processes); pseudo-label = argmax of
+        the codes.  Returns the smallest / largest cluster size per clustering."""
+        protos = self.prototype_layers(model)
         counts_min, counts_max = [], []
         for h, K in enumerate(self.num_clusters):
-            ids, x = self.memory.local_rows(self.bank_of_head(h))
-            codes = C.sela_assign(
+            ids, x = self.bank_rows(h, epoch)
+            codes = sela_assign(
                 x,
-                protos[h].detach(),
+                protos[h][1].weight.detach(),
                 epsilon=self.epsilon,
                 num_iters=self.sinkhorn_iterations,
                 hard=False,
                 dtype=self.sinkhorn_dtype,
             )
-            labels = codes.argmax(dim=1)
-            self.assignments[h].copy_(C.gather_table(ids, labels, self.num_train_samples))
+            self.guard_finite(h, {"codes": codes, "bank_rows": x}, f"non-finite pseudo-label codes at epoch {epoch}")
+            self.set_pseudo_labels(h, ids, codes.argmax(dim=1))
             if not self.hard_labels:
-                self.soft_codes(h).copy_(
-                    C.gather_table(ids, codes.float(), self.num_train_samples, fill=0.0)
-                )
+                self.soft_codes(h).copy_(gather_table(ids, codes.float(), self.num_train_samples, fill=0.0))
             a = self.assignments[h]
             cnt = torch.bincount(a[a >= 0], minlength=K)
             counts_min.append(int(cnt.min()))
             counts_max.append(int(cnt.max()))
         return {"cluster_size_min": counts_min, "cluster_size_max": counts_max}
 
-    def head_loss(self, h, scores, ids):
+    def head_loss(self, h: int, scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Hard labels: the base cross-entropy; soft labels: ``-sum_k q_k log p_k`` with the
+        soft codes ``q``, mean over the rows that have a pseudo-label."""
         if self.hard_labels:
             return super().head_loss(h, scores, ids)
         logp = F.log_softmax(scores.float() / self.temperature, dim=1)
         q = self.soft_codes(h)[ids]
-        valid = (self.assignments[h][ids] != C.IGNORE_INDEX).to(logp.dtype)
+        valid = (self.assignments[h][ids] != IGNORE_INDEX).to(logp.dtype)
         return -((q * logp).sum(dim=1) * valid).sum() / valid.sum().clamp_min(1)
 
     @torch.no_grad()
-    def after_update(self, task):
+    def after_update(self, task) -> None:
+        """L2-normalise every prototype after the optimizer step (``normalize_prototypes``)."""
         if not self.normalize_prototypes:
             return
-        for p in self.prototypes(task.base_model).values():
-            p.data.copy_(F.normalize(p.data, dim=1))
+        for _, layer in self.prototype_layers(task.base_model).values():
+            layer.weight.data.copy_(F.normalize(layer.weight.data, dim=1))
 
-    def extra_state(self):
-        if self.hard_labels:
-            return {}
-        return {f"soft_codes{h}": self.soft_codes(h) for h in range(self.num_heads)}
-
-    def load_extra_state(self, sd):
-        if self.hard_labels:
-            return
-        for h in range(self.num_heads):
-            k = f"soft_codes{h}"
-            if k in sd:
-                self.soft_codes(h).copy_(sd[k].to(self.soft_codes(h).device))
 
 
 @register_config_inference("selav2_plugin_loss")
 def infer_selav2_plugin_loss(cfg):
-    return infer_clustering_loss_config(cfg, "selav2_plugin_loss", deepcluster=False)
+    """Config inference / checks of ``LOSS.selav2_plugin_loss`` (any launcher)."""
+    return infer_clustering_loss_config(cfg, SeLaV2PluginLoss)
 
 
-@register_loss_hooks("selav2_plugin_loss")
-def selav2_hooks(cfg):
-    return [MemoryClusteringHook()]
+register_loss_hooks("selav2_plugin_loss")(memory_clustering_hooks)

@@ -18,7 +18,6 @@ produces.
 """
 import logging
 import math
-import os
 import pprint
 from typing import List, Optional, Sequence
 
@@ -30,6 +29,7 @@ from classy_vision.losses import ClassyLoss, register_loss
 from vissl_swav_plugin.distributed import rank as _rank, world_size as _world
 from vissl_swav_plugin.precision import autocast_disabled, compute_dtype
 from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
+from vissl_swav_plugin.nonfinite import NonFiniteLossError, raise_non_finite  # noqa: F401 (re-export)
 
 LOSS_NAME = "swav_plugin_loss"
 
@@ -49,10 +49,6 @@ DEFAULTS = {
 #: is the official implementation's behaviour (the queue is scored only once it is full);
 #: ``True`` scores the valid part of a queue that is still filling.
 QUEUE_DEFAULTS = {"queue_length": 0, "start_epoch": 0, "local_queue_length": 0, "use_before_full": False}
-
-
-class NonFiniteLossError(FloatingPointError):
-    """Raised when the loss or the codes are NaN/inf; the offending tensors are saved."""
 
 
 def swapped_prediction_loss(
@@ -326,15 +322,12 @@ class SwAVPluginLoss(ClassyLoss):
     def _check_finite(self, loss, scores, codes, head_id):
         if torch.isfinite(loss) and all(torch.isfinite(q).all() for q in codes):
             return
-        os.makedirs(self.output_dir, exist_ok=True)
-        path = os.path.join(
-            self.output_dir, f"nonfinite_rank{_rank()}_iter{int(self.num_iteration)}_head{head_id}.pth"
-        )
-        torch.save({"scores": scores.detach().cpu(), "codes": [q.cpu() for q in codes],
-                    "loss": loss.detach().cpu(), "iteration": int(self.num_iteration)}, path)
-        raise NonFiniteLossError(
-            f"{LOSS_NAME}: non-finite loss ({loss.item()}) or codes at iteration "
-            f"{int(self.num_iteration)}, head {head_id}; scores and codes saved to {path}"
+        it = int(self.num_iteration)
+        raise_non_finite(
+            self.output_dir, it, f"head{head_id}",
+            {"scores": scores, "codes": list(codes), "loss": loss, "iteration": it},
+            f"{LOSS_NAME}: non-finite loss ({loss.item()}) or codes at iteration {it}, head {head_id}",
+            "scores and codes",
         )
 
     def __repr__(self):
