@@ -26,6 +26,8 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.trunks",
     "vissl_swav_plugin.checkpoint_io",
     "vissl_swav_plugin.data_safety",
+    "vissl_swav_plugin.progress",
+    "vissl_swav_plugin.online_knn",
 ]
 
 _lock = threading.RLock()

@@ -9,7 +9,7 @@ full key (``config.LOSS.swav_plugin_loss.epsilon must be > 0, got 0``) before an
 is started.
 """
 import numbers
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 _INFERENCE: Dict[str, Callable] = {}
 _CROP_COUNTERS: Dict[str, Callable] = {}
@@ -196,6 +196,59 @@ def infer_swav_plugin_loss(cfg):
     return cfg
 
 
+# -- run-wide blocks of our own (config.HOOKS.<NAME>), whatever the loss --------------------
+_CONFIG_CHECKS: List[Callable] = []
+
+
+def register_config_check(fn):
+    """Decorator: ``fn(cfg)`` runs on every composed config (any loss), after the
+    inference above, and raises :class:`ConfigError` naming the key of a bad value."""
+    if fn not in _CONFIG_CHECKS:
+        _CONFIG_CHECKS.append(fn)
+    return fn
+
+
+def hook_block(cfg, name, defaults, checks):
+    """``config.HOOKS.<name>`` as a plain dict, ``defaults`` filled in for absent keys
+    (VISSL's defaults lack our blocks, so a config without it gets all defaults).
+
+    Args:
+        cfg: the composed config.
+        name: the block under ``HOOKS`` (e.g. ``"PROGRESS"``).
+        defaults: every allowed key with its default value.
+        checks: ``{key: fn(value, full_key)}`` raising :class:`ConfigError` on a bad value.
+
+    Returns:
+        ``dict`` of all keys of ``defaults``.
+
+    Raises:
+        ConfigError: an unknown key (names it and the known ones) or a bad value.
+
+    Example::
+
+        hook_block(cfg, "PROGRESS", {"ENABLED": True, "FREQUENCY": 10},
+                   {"ENABLED": require_bool, "FREQUENCY": require_int})
+    """
+    block = (cfg.get("HOOKS") or {}).get(name)
+    if block is None:
+        block = {}
+    if not hasattr(block, "items"):
+        raise ConfigError(f"config.HOOKS.{name} must be a mapping of settings, got {block!r}")
+    unknown = sorted(set(block) - set(defaults))
+    if unknown:
+        raise ConfigError(f"config.HOOKS.{name}.{unknown[0]} is not a known key (known: {', '.join(defaults)})")
+    out = {k: block.get(k, v) for k, v in defaults.items()}
+    for key, check in checks.items():
+        check(out[key], f"HOOKS.{name}.{key}")
+    return out
+
+
+def require_str(value, key):
+    """``value`` must be a non-empty string, else :class:`ConfigError` naming ``key``."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"config.{key} must be a non-empty string, got {value!r}")
+
+
 def install() -> None:
     import vissl.utils.hydra_config as hc
 
@@ -213,6 +266,8 @@ def install() -> None:
                     "its parameter block is absent (use one of the plugin's configs)"
                 )
             cfg = fn(cfg) or cfg
+        for check in _CONFIG_CHECKS:
+            check(cfg)
         return cfg
 
     infer_losses_config._vissl_swav_plugin = True

@@ -26,7 +26,14 @@ __all__ = [
     "euclidean_knn_predict",
     "euclidean_knn_accuracy",
     "knn_report",
+    "mean_over_inits",
+    "format_metrics",
+    "DEFAULT_TEMPERATURE",
 ]
+
+#: T of the weighted kNN's vote ``exp(cos / T)`` (Wu et al. 2018), the demo's and the
+#: baselines' of ``tools/knn_eval.py``
+DEFAULT_TEMPERATURE = 0.07
 
 
 def _check(train_x, train_y, test_x, k):
@@ -49,7 +56,7 @@ def _as_tensor(x, dtype):
 
 
 def weighted_knn_predict(
-    train_x, train_y, test_x, k: int = 20, temperature: float = 0.07,
+    train_x, train_y, test_x, k: int = 20, temperature: float = DEFAULT_TEMPERATURE,
     num_classes: Optional[int] = None, chunk: int = 2048,
 ) -> torch.Tensor:
     """Class predictions of the weighted cosine kNN (Wu et al. 2018) for ``test_x``.
@@ -136,7 +143,7 @@ def _accuracy(pred, test_y) -> float:
     return 100.0 * float((pred == test_y).double().mean()) if len(test_y) else float("nan")
 
 
-def weighted_knn_accuracy(train_x, train_y, test_x, test_y, k: int = 20, temperature: float = 0.07,
+def weighted_knn_accuracy(train_x, train_y, test_x, test_y, k: int = 20, temperature: float = DEFAULT_TEMPERATURE,
                           num_classes: Optional[int] = None) -> float:
     """Top-1 accuracy (%) of :func:`weighted_knn_predict`.
 
@@ -173,7 +180,7 @@ def euclidean_knn_accuracy(train_x, train_y, test_x, test_y, k: int = 5,
 
 
 def knn_report(train_x, train_y, test_x, test_y, weighted_ks: Iterable[int] = (20, 200),
-               euclidean_ks: Sequence[int] = (5,), temperature: float = 0.07,
+               euclidean_ks: Sequence[int] = (5,), temperature: float = DEFAULT_TEMPERATURE,
                num_classes: Optional[int] = None) -> Dict[str, float]:
     """Both kNN protocols for several ``k``: ``{"knn20": .., "knn200": .., "nn5_euclid": ..}``.
 
@@ -202,3 +209,35 @@ def knn_report(train_x, train_y, test_x, test_y, weighted_ks: Iterable[int] = (2
     for k in euclidean_ks:
         out[f"nn{k}_euclid"] = euclidean_knn_accuracy(train_x, train_y, test_x, test_y, min(k, n), num_classes)
     return out
+
+
+def mean_over_inits(per_init):
+    """Mean of each kNN metric of :func:`knn_report` over several initialisations.
+
+    Args:
+        per_init: one :func:`knn_report` dict per initialisation (with ``feature_dim``,
+            and any other keys, e.g. the seed).
+
+    Returns:
+        ``{metric: mean, ..., "feature_dim": D, "range": {metric: [min, max]},
+        "per_init": per_init}`` (min and max rounded to 2 decimals).
+
+    Example::
+
+        mean_over_inits([{"knn20": 30.0, "feature_dim": 8}, {"knn20": 40.0, "feature_dim": 8}])["knn20"] == 35.0
+    """
+    import numpy as np
+
+    metrics = [k for k in per_init[0] if k.startswith(("knn", "nn"))]
+    out = {m: float(np.mean([r[m] for r in per_init])) for m in metrics}
+    out["feature_dim"] = per_init[0]["feature_dim"]
+    out["range"] = {m: [round(min(r[m] for r in per_init), 2), round(max(r[m] for r in per_init), 2)]
+                    for m in metrics}
+    out["per_init"] = per_init
+    return out
+
+
+def format_metrics(r) -> str:
+    """``"knn20 71.20%, knn200 65.00%, nn5_euclid 80.10%"``: the accuracies of a
+    :func:`knn_report` dict (other keys ignored)."""
+    return ", ".join(f"{k} {v:.2f}%" for k, v in r.items() if k.startswith(("knn", "nn")))

@@ -130,10 +130,6 @@ def random_init_seeds(seed, num_epochs, count):
     return [first] + [first + 1000 * j for j in range(1, count)]
 
 
-def _metrics_text(r):
-    return ", ".join(f"{k} {v:.2f}%" for k, v in r.items() if k.startswith(("knn", "nn")))
-
-
 class _FeatureKnn:
     """kNN of one model's features on the demo's images; records times, logs one line."""
 
@@ -145,7 +141,7 @@ class _FeatureKnn:
 
     def __call__(self, name, model):
         """``(knn results, test prototype scores)`` of ``model``, logged under ``name``."""
-        from vissl_swav_plugin.knn import knn_report
+        from vissl_swav_plugin.knn import format_metrics, knn_report
 
         t = time.time()
         ftr, _ = extract(model, self.data["train_x"], self.mean, self.std)
@@ -154,28 +150,15 @@ class _FeatureKnn:
         r = knn_report(ftr, self.ytr, fte, self.yte, num_classes=NUM_CLASSES)
         r["feature_dim"] = int(ftr.shape[1])
         self.timings[name] = dict(extract_s=round(t_feat, 2), total_s=round(time.time() - t, 2))
-        self.log(f"  {name:14s} features {tuple(ftr.shape)} + {tuple(fte.shape)}: " + _metrics_text(r))
+        self.log(f"  {name:14s} features {tuple(ftr.shape)} + {tuple(fte.shape)}: " + format_metrics(r))
         return r, ste
-
-
-def _mean_over_inits(per_init):
-    """Mean of each kNN metric over the initialisations, their [min, max] and the list."""
-    import numpy as np
-
-    metrics = [k for k in per_init[0] if k.startswith(("knn", "nn"))]
-    out = {m: float(np.mean([r[m] for r in per_init])) for m in metrics}
-    out["feature_dim"] = per_init[0]["feature_dim"]
-    out["range"] = {m: [round(min(r[m] for r in per_init), 2), round(max(r[m] for r in per_init), 2)]
-                    for m in metrics}
-    out["per_init"] = per_init
-    return out
 
 
 def raw_pixel_knn(data, timings, log=print):
     """kNN of the raw pixels (values in [0, 1], 784-d) on the demo's images."""
     import numpy as np
     import torch
-    from vissl_swav_plugin.knn import knn_report
+    from vissl_swav_plugin.knn import format_metrics, knn_report
 
     t = time.time()
     ytr, yte = data["train_y"].astype(np.int64), data["test_y"].astype(np.int64)
@@ -184,7 +167,7 @@ def raw_pixel_knn(data, timings, log=print):
     r = knn_report(px_tr, ytr, px_te, yte, num_classes=NUM_CLASSES)
     r["feature_dim"] = int(px_tr.shape[1])
     timings["raw_pixels"] = dict(total_s=round(time.time() - t, 2))
-    log(f"  {'raw_pixels':12s} {tuple(px_tr.shape)} + {tuple(px_te.shape)}: " + _metrics_text(r))
+    log(f"  {'raw_pixels':12s} {tuple(px_tr.shape)} + {tuple(px_te.shape)}: " + format_metrics(r))
     return r
 
 
@@ -209,6 +192,7 @@ def evaluate(overrides, ckpt_path, data, seed, random_inits=5, log=print):
         and the first random init; ``timings`` are seconds per model.
     """
     import torch
+    from vissl_swav_plugin.knn import mean_over_inits
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     config, trained = build_vissl_model(overrides, seed)
@@ -225,6 +209,6 @@ def evaluate(overrides, ckpt_path, data, seed, random_inits=5, log=print):
         per_init.append(dict(r, torch_seed=init_seed))
         if i == 0:
             protos["random_init"] = prototype_summary(scores, features_knn.yte)
-    results["random_init"] = _mean_over_inits(per_init)
+    results["random_init"] = mean_over_inits(per_init)
     results["raw_pixels"] = raw_pixel_knn(data, timings, log)
     return config, results, protos, timings
