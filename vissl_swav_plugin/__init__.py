@@ -26,6 +26,7 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.trunks",
     "vissl_swav_plugin.checkpoint_io",
     "vissl_swav_plugin.data_safety",
+    "vissl_swav_plugin.collapse",
 ]
 
 _lock = threading.RLock()

@@ -9,10 +9,11 @@ full key (``config.LOSS.swav_plugin_loss.epsilon must be > 0, got 0``) before an
 is started.
 """
 import numbers
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 _INFERENCE: Dict[str, Callable] = {}
 _CROP_COUNTERS: Dict[str, Callable] = {}
+_CHECKS: List[Callable] = []
 
 
 class ConfigError(ValueError):
@@ -27,6 +28,14 @@ def register_config_inference(loss_name: str):
         return fn
 
     return deco
+
+
+def register_config_check(fn):
+    """Decorator: ``fn(cfg)`` checks every composed config (whatever the loss), after the
+    loss inference; it raises :class:`ConfigError` naming the key."""
+    if fn not in _CHECKS:
+        _CHECKS.append(fn)
+    return fn
 
 
 def register_crop_counter(transform_name: str):
@@ -213,6 +222,8 @@ def install() -> None:
                     "its parameter block is absent (use one of the plugin's configs)"
                 )
             cfg = fn(cfg) or cfg
+        for check in _CHECKS:
+            check(cfg)
         return cfg
 
     infer_losses_config._vissl_swav_plugin = True
