@@ -100,6 +100,10 @@ def test_swav_quick_run_beats_random_init(tmp_path):
     log = (out / "run" / "train_log.txt").read_text()
     assert "SwAVPluginLoss" in log and "world_size: 2" in log
     assert report["host"]["train_procs"] == 2
+    # the collapse detector watched every epoch (one line each, rank 0) and stayed quiet
+    detector_lines = [line for line in log.splitlines() if "Collapse detector, epoch " in line]
+    assert len(detector_lines) == report["config"]["mode"]["epochs"], detector_lines[-3:]
+    assert "COLLAPSE DETECTED" not in log and "CollapseError" not in log, "the collapse detector fired"
     curve = [r["loss"] for r in report["loss_curve"]]
     assert len(curve) == report["times_s"]["train_iterations"] > 200
     assert all(np.isfinite(curve))

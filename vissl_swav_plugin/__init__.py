@@ -28,6 +28,7 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.data_safety",
     "vissl_swav_plugin.progress",
     "vissl_swav_plugin.online_knn",
+    "vissl_swav_plugin.collapse",
 ]
 
 _lock = threading.RLock()

@@ -13,6 +13,7 @@ from typing import Callable, Dict, List
 
 _INFERENCE: Dict[str, Callable] = {}
 _CROP_COUNTERS: Dict[str, Callable] = {}
+_CHECKS: List[Callable] = []
 
 
 class ConfigError(ValueError):
@@ -27,6 +28,14 @@ def register_config_inference(loss_name: str):
         return fn
 
     return deco
+
+
+def register_config_check(fn):
+    """Decorator: ``fn(cfg)`` checks every composed config (whatever the loss), after the
+    loss inference; it raises :class:`ConfigError` naming the key."""
+    if fn not in _CHECKS:
+        _CHECKS.append(fn)
+    return fn
 
 
 def register_crop_counter(transform_name: str):
@@ -197,17 +206,6 @@ def infer_swav_plugin_loss(cfg):
 
 
 # -- run-wide blocks of our own (config.HOOKS.<NAME>), whatever the loss --------------------
-_CONFIG_CHECKS: List[Callable] = []
-
-
-def register_config_check(fn):
-    """Decorator: ``fn(cfg)`` runs on every composed config (any loss), after the
-    inference above, and raises :class:`ConfigError` naming the key of a bad value."""
-    if fn not in _CONFIG_CHECKS:
-        _CONFIG_CHECKS.append(fn)
-    return fn
-
-
 def hook_block(cfg, name, defaults, checks):
     """``config.HOOKS.<name>`` as a plain dict, ``defaults`` filled in for absent keys
     (VISSL's defaults lack our blocks, so a config without it gets all defaults).
@@ -266,7 +264,7 @@ def install() -> None:
                     "its parameter block is absent (use one of the plugin's configs)"
                 )
             cfg = fn(cfg) or cfg
-        for check in _CONFIG_CHECKS:
+        for check in _CHECKS:
             check(cfg)
         return cfg
 

@@ -86,6 +86,23 @@ def swapped_prediction_loss(
     return total / len(crops_for_assign)
 
 
+@torch.no_grad()
+def summarize_codes(codes: Sequence[torch.Tensor]) -> dict:
+    """Mean entropy (nats) of the code rows and how many rows pick each prototype.
+
+    Args:
+        codes: B x K code matrices (one per assigned crop), rows summing to 1.
+
+    Returns:
+        ``{"mean_entropy": 0-dim tensor, "argmax_counts": K-vector (long)}``; uniform codes
+        give ``mean_entropy == ln K`` (the collapse detector reads it, see ``collapse.py``).
+    """
+    q = torch.cat([c.detach().float() for c in codes])
+    q = q / q.sum(dim=1, keepdim=True).clamp_min(1e-30)
+    entropy = -(q * q.clamp_min(1e-30).log()).sum(dim=1).mean()
+    return {"mean_entropy": entropy, "argmax_counts": torch.bincount(q.argmax(dim=1), minlength=q.shape[1])}
+
+
 class SwAVQueue(nn.Module):
     """Per-rank FIFO of past embeddings of the assigned crops (paper: "Working with small
     batches").  Rows ``[0, filled)`` are valid, newest first.  The queue stores embeddings,
@@ -207,6 +224,9 @@ class SwAVPluginLoss(ClassyLoss):
         self.register_buffer("num_iteration", torch.zeros((), dtype=torch.long))
         # set by SwAVAssignmentHook at every forward: the live prototype layers
         self._prototypes: Optional[List[nn.Module]] = None
+        #: read-only: :func:`summarize_codes` of the last forward's codes, one per prototype
+        #: set (None before the first forward); the collapse detector logs it
+        self.last_code_stats: Optional[List[dict]] = None
 
     @classmethod
     def from_config(cls, loss_config):
@@ -305,14 +325,17 @@ class SwAVPluginLoss(ClassyLoss):
             )
         bs = n // self.num_crops
         loss = 0.0
+        code_stats = []
         for h, scores in enumerate(all_scores):
             codes = [self.codes_for(scores, h, j, bs) for j in range(len(self.crops_for_assign))]
+            code_stats.append(summarize_codes(codes))
             head_loss = swapped_prediction_loss(
                 scores, codes, self.crops_for_assign, self.num_crops, self.temperature
             )
             self._check_finite(head_loss, scores, codes, h)
             loss = loss + head_loss
         loss = loss / len(all_scores)
+        self.last_code_stats = code_stats
         if self.queue_active:
             for q in self.queues:
                 q.push([emb[bs * c : bs * (c + 1)] for c in self.crops_for_assign])
