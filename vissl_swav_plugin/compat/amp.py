@@ -42,11 +42,11 @@ def amp_dtype_from_config(amp_params):
     """torch dtype named by MODEL.AMP_PARAMS.AMP_DTYPE (default float16)."""
     import torch
 
-    raw = amp_params.get("AMP_DTYPE", "float16") if hasattr(amp_params, "get") else "float16"
-    name = _AMP_DTYPE_NAMES.get(str(raw).lower().replace("torch.", ""))
+    value = amp_params.get("AMP_DTYPE", "float16") if hasattr(amp_params, "get") else "float16"
+    name = _AMP_DTYPE_NAMES.get(str(value).lower().replace("torch.", ""))
     if name is None:
         raise ValueError(
-            f"{AMP_DTYPE_KEY}={raw!r} is not supported; use one of: float16, bfloat16"
+            f"{AMP_DTYPE_KEY}={value!r} is not supported; use one of: float16, bfloat16"
         )
     return getattr(torch, name)
 
@@ -101,6 +101,9 @@ class _TorchWithNativeAutocast(types.ModuleType):
 
 @register
 def shim_native_amp():
+    """Native autocast (CUDA or CPU, float16 or bfloat16) for ``MODEL.AMP_PARAMS.USE_AMP``:
+    replaces ``SelfSupervisionTask.set_amp_args``, the ``torch`` seen by
+    ``standard_train_step`` and lets ``compose_hydra_configuration`` take the new key."""
     import torch
     from classy_vision.tasks.classification_task import AmpType
     from vissl.trainer import train_task as tt
@@ -184,8 +187,9 @@ def _plugin_key_override(override):
 
 @register
 def shim_syncbn_without_apex():
-    # vissl/models/model_helpers.py, convert_sync_bn: SYNC_BN_TYPE=apex (VISSL's SwAV and
-    # DeepCluster-v2 configs) calls `apex.parallel...` -> NameError without apex.
+    """vissl/models/model_helpers.py, convert_sync_bn: SYNC_BN_TYPE=apex (VISSL's SwAV and
+    DeepCluster-v2 configs) calls `apex.parallel...` -> NameError without apex.
+    """
     from vissl.models import model_helpers as mh
     import vissl.models as vm
     from vissl.trainer import train_task as tt

@@ -379,8 +379,9 @@ def _install(name, targets) -> None:
 
 @register
 def shim_atomic_checkpoints():
-    # vissl/utils/checkpoint.py, CheckpointWriter._save (torch.save into the final name) and
-    # CheckpointWriter._create_symbolic_link (deletes checkpoint.torch, then re-creates it).
+    """vissl/utils/checkpoint.py, CheckpointWriter._save (torch.save into the final name) and
+    CheckpointWriter._create_symbolic_link (deletes checkpoint.torch, then re-creates it).
+    """
     from vissl.utils import checkpoint as vc
 
     _install(WRITES, [
@@ -392,10 +393,11 @@ def shim_atomic_checkpoints():
 
 @register
 def shim_checkpoint_load_errors():
-    # vissl/utils/checkpoint.py, load_and_broadcast_checkpoint / load_checkpoint (Classy's
-    # readers, imported by name), CheckpointLoader.load_and_broadcast_checkpoint /
-    # load_and_broadcast_init_weights; vissl/trainer/train_task.py,
-    # SelfSupervisionTask._update_classy_state (assert) and _build_loss (loss state).
+    """vissl/utils/checkpoint.py, load_and_broadcast_checkpoint / load_checkpoint (Classy's
+    readers, imported by name), CheckpointLoader.load_and_broadcast_checkpoint /
+    load_and_broadcast_init_weights; vissl/trainer/train_task.py,
+    SelfSupervisionTask._update_classy_state (assert) and _build_loss (loss state).
+    """
     from vissl.trainer import train_task as tt
     from vissl.utils import checkpoint as vc
 

@@ -113,6 +113,9 @@ def _run_device(cfg):
 
 @register
 def shim_extract_features_on_cpu():
+    """Engines ``extract_features`` / ``extract_cluster`` on the task's device: replaces
+    ``SelfSupervisionTrainer.extract`` / ``extract_clusters`` and their ``.cuda()`` helpers,
+    and VISSL's CUDA-only ``all_gather_sizes`` / ``all_gather_heterogeneous``."""
     import torch
     from vissl.trainer import trainer_main as tm
 
@@ -210,9 +213,10 @@ def shim_extract_features_on_cpu():
 
 @register
 def shim_deepclusterv2_on_cpu():
-    # vissl/losses/deepclusterv2_loss.py, DeepClusterV2Loss.init_memory (inputs .cuda()) and
-    # cluster_memory (centroids/counts/emb_sums .cuda()); used by InitMemoryHook and
-    # ClusterMemoryHook.  Run them on the device holding the loss' memory bank.
+    """vissl/losses/deepclusterv2_loss.py, DeepClusterV2Loss.init_memory (inputs .cuda()) and
+    cluster_memory (centroids/counts/emb_sums .cuda()); used by InitMemoryHook and
+    ClusterMemoryHook.  Run them on the device holding the loss' memory bank.
+    """
     from vissl.losses.deepclusterv2_loss import DeepClusterV2Loss
 
     for attr in ("init_memory", "cluster_memory"):
@@ -248,10 +252,11 @@ def _patch_knn_in(module) -> None:
 
 @register
 def shim_knn_tool_on_cpu():
-    # tools/nearest_neighbor_test.py, nearest_neighbor_test(): `.cuda()` on the train/test
-    # features and labels.  Patched when the module is imported, and -- when the tool runs
-    # as a script (`python .../nearest_neighbor_test.py`, module __main__, whose function is
-    # defined after `import vissl` ran us) -- when its main() calls launch_distributed.
+    """tools/nearest_neighbor_test.py, nearest_neighbor_test(): `.cuda()` on the train/test
+    features and labels.  Patched when the module is imported, and -- when the tool runs
+    as a script (`python .../nearest_neighbor_test.py`, module __main__, whose function is
+    defined after `import vissl` ran us) -- when its main() calls launch_distributed.
+    """
     after_import("tools.nearest_neighbor_test", _patch_knn_in)
 
     from vissl.utils import distributed_launcher as dl
@@ -291,9 +296,10 @@ def flush_denormals_for(cfg) -> bool:
 
 @register
 def shim_cpu_flush_denormal():
-    # vissl/trainer/trainer_main.py, SelfSupervisionTrainer.__init__ (every engine builds
-    # one in each worker): on CPU, denormal floats (e.g. BatchNorm over near-constant crops
-    # of small images) make backward passes 10-50x slower.  Flush them to zero on CPU runs.
+    """vissl/trainer/trainer_main.py, SelfSupervisionTrainer.__init__ (every engine builds
+    one in each worker): on CPU, denormal floats (e.g. BatchNorm over near-constant crops
+    of small images) make backward passes 10-50x slower.  Flush them to zero on CPU runs.
+    """
     from vissl.trainer import trainer_main as tm
 
     orig_init = raw(tm.SelfSupervisionTrainer, "__init__")

@@ -50,6 +50,7 @@ POLICIES = ("error", "substitute", "vissl")
 
 
 def bad_image_policy() -> str:
+    """``VISSL_SWAV_PLUGIN_BAD_IMAGES`` (``error`` default, ``substitute`` or ``vissl``)."""
     value = os.environ.get(BAD_IMAGES_ENV, "error").strip().lower() or "error"
     if value not in POLICIES:
         raise ValueError(f"{BAD_IMAGES_ENV}={value!r}: use one of {', '.join(POLICIES)}")
@@ -162,8 +163,9 @@ def _getitem(self, idx):
 
 @register
 def shim_bad_image_errors():
-    # vissl/data/disk_dataset.py, DiskImageDataset.__init__ (bare AssertionError /
-    # FileNotFoundError for a bad DATA_PATHS) and __getitem__ (see the module docstring).
+    """vissl/data/disk_dataset.py, DiskImageDataset.__init__ (bare AssertionError /
+    FileNotFoundError for a bad DATA_PATHS) and __getitem__ (see the module docstring).
+    """
     from vissl.data.disk_dataset import DiskImageDataset
 
     for attr, replacement in (("__init__", _init), ("__getitem__", _getitem)):

@@ -311,7 +311,7 @@ _finder: Optional[AfterImport] = None
 def after_import(module_name: str, callback: Callable[[types.ModuleType], None]) -> None:
     """Call ``callback(module)`` now if ``module_name`` is imported, else right after its
     import (once per callback: the same function, by module and qualified name, is kept
-    once)."""
+    once).  The engine's one finder is (re)placed first on ``sys.meta_path``."""
     global _finder
     if module_name in sys.modules:
         callback(sys.modules[module_name])
@@ -319,6 +319,11 @@ def after_import(module_name: str, callback: Callable[[types.ModuleType], None])
     with _lock:
         if _finder is None:
             _finder = AfterImport()
+        if not sys.meta_path or sys.meta_path[0] is not _finder:
+            # first in line again: a finder inserted since (e.g. pytest's assertion
+            # rewriter, which claims modules named *_test.py) must not hide the import
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(_finder)
             sys.meta_path.insert(0, _finder)
         cbs = _finder.callbacks.setdefault(module_name, [])
         key = (getattr(callback, "__module__", None), getattr(callback, "__qualname__", None))

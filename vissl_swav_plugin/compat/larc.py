@@ -128,9 +128,10 @@ def _apex_larc_available() -> bool:
 
 @register
 def shim_larc_without_apex():
-    # classy_vision/optim/sgd.py, SGD.prepare: `from apex.parallel.LARC import LARC`
-    # -> RuntimeError("Apex needed for LARC").  Build the SGD as Classy does, then wrap it
-    # in our LARC (only when apex is missing: a real apex keeps its own LARC).
+    """classy_vision/optim/sgd.py, SGD.prepare: `from apex.parallel.LARC import LARC`
+    -> RuntimeError("Apex needed for LARC").  Build the SGD as Classy does, then wrap it
+    in our LARC (only when apex is missing: a real apex keeps its own LARC).
+    """
     from classy_vision.optim.sgd import SGD
 
     orig_prepare = raw(SGD, "prepare")

@@ -65,20 +65,22 @@ def _give_module_legacy_numpy(module) -> None:
 
 @register
 def shim_numpy2_removed_aliases():
-    # Module-local: only these modules see the old names, so new code elsewhere still gets
-    # NumPy 2's AttributeError for them.
+    """Module-local: only these modules see the old names, so new code elsewhere still gets
+    NumPy 2's AttributeError for them.
+    """
     for module_name in NUMPY2_LEGACY_MODULES:
         after_import(module_name, _give_module_legacy_numpy)
 
 
 @register
 def shim_svm_ap_scalar():
-    # vissl/utils/svm_utils/svm_trainer.py, SVMTrainer.test (and svm_low_shot_trainer.py,
-    # SVMLowShotTrainer.test): `ap_matrix[cls_num][0] = ap` where get_precision_recall's
-    # `ap` is a shape-(1,) array (vissl/utils/svm_utils/evaluate.py, calculate_ap);
-    # NumPy >= 2.4 rejects it ("setting an array element with a sequence").  Fixed at
-    # these call sites (the trainers' own `get_precision_recall` name): MeanAPMeter, the
-    # other caller, indexes `ap[0]` and keeps the array.
+    """vissl/utils/svm_utils/svm_trainer.py, SVMTrainer.test (and svm_low_shot_trainer.py,
+    SVMLowShotTrainer.test): `ap_matrix[cls_num][0] = ap` where get_precision_recall's
+    `ap` is a shape-(1,) array (vissl/utils/svm_utils/evaluate.py, calculate_ap);
+    NumPy >= 2.4 rejects it ("setting an array element with a sequence").  Fixed at
+    these call sites (the trainers' own `get_precision_recall` name): MeanAPMeter, the
+    other caller, indexes `ap[0]` and keeps the array.
+    """
     def patch_trainer(trainer_module):
         orig = raw(trainer_module, "get_precision_recall")
 
@@ -132,14 +134,15 @@ class _NumpyScalarTolerantZeros(types.ModuleType):
 
 @register
 def shim_svm_low_shot_mean_ap_scalar():
-    # vissl/utils/svm_utils/svm_low_shot_trainer.py, SVMLowShotTrainer.test:
-    #     local_cost_ap = np.zeros((self.num_classes, 1)); ...
-    #     mean_cost_ap = np.mean(local_cost_ap, axis=0)        # shape (1,)
-    #     sample_ap_matrix[0][cost_idx] = mean_cost_ap         # scalar slot
-    # NumPy >= 2.4 raises "setting an array element with a sequence", so every low-shot SVM
-    # run (tools/train_svm_low_shot.py) dies after training its SVMs, before writing any
-    # test_ap_sample*_k*.npy.  That module (only) gets a numpy whose `zeros` arrays accept a
-    # size-1 array in a scalar slot (shim_svm_ap_scalar fixes the `ap` one line above).
+    """vissl/utils/svm_utils/svm_low_shot_trainer.py, SVMLowShotTrainer.test:
+        local_cost_ap = np.zeros((self.num_classes, 1)); ...
+        mean_cost_ap = np.mean(local_cost_ap, axis=0)        # shape (1,)
+        sample_ap_matrix[0][cost_idx] = mean_cost_ap         # scalar slot
+    NumPy >= 2.4 raises "setting an array element with a sequence", so every low-shot SVM
+    run (tools/train_svm_low_shot.py) dies after training its SVMs, before writing any
+    test_ap_sample*_k*.npy.  That module (only) gets a numpy whose `zeros` arrays accept a
+    size-1 array in a scalar slot (shim_svm_ap_scalar fixes the `ap` one line above).
+    """
     def patch_module(module):
         if not isinstance(module.__dict__.get("np"), _NumpyScalarTolerantZeros):
             patch("shim_svm_low_shot_mean_ap_scalar", module, "np", _NumpyScalarTolerantZeros())

@@ -15,10 +15,11 @@ from vissl_swav_plugin.compat.engine import patch, raw, register
 
 @register
 def shim_pillow13_posterize():
-    # vissl/data/ssl_transforms/rand_auto_aug.py, posterize(): levels map to 0..4 bits for
-    # "Posterize" (magnitude < 2.5) and "PosterizeIncreasing" (magnitude > 7.5).  Pillow < 10
-    # returned a black image for 0 bits; Pillow 13 raises "bits must be between or equal to
-    # 1 and 8".  The op table NAME_TO_OP holds the function object, so patch both.
+    """vissl/data/ssl_transforms/rand_auto_aug.py, posterize(): levels map to 0..4 bits for
+    "Posterize" (magnitude < 2.5) and "PosterizeIncreasing" (magnitude > 7.5).  Pillow < 10
+    returned a black image for 0 bits; Pillow 13 raises "bits must be between or equal to
+    1 and 8".  The op table NAME_TO_OP holds the function object, so patch both.
+    """
     from vissl.data.ssl_transforms import rand_auto_aug as raa
 
     orig = raw(raa, "posterize")

@@ -24,10 +24,11 @@ from vissl_swav_plugin.compat.engine import after_import, patch, raw, register
 
 @register
 def shim_trusted_torch_load():
-    # vissl/utils/cluster_utils.py, ClusterAssignmentLoader.load_cluster_assigment:
-    # `torch.load(f)` of the file VISSL's extract_cluster engine wrote; it stores the run's
-    # config as an AttrDict, which weights_only=True (torch >= 2.6 default) rejects and
-    # cannot allow-list (a dict subclass).  These files are VISSL's own output.
+    """vissl/utils/cluster_utils.py, ClusterAssignmentLoader.load_cluster_assigment:
+    `torch.load(f)` of the file VISSL's extract_cluster engine wrote; it stores the run's
+    config as an AttrDict, which weights_only=True (torch >= 2.6 default) rejects and
+    cannot allow-list (a dict subclass).  These files are VISSL's own output.
+    """
     def patch_loader(cu):
         orig = raw(cu.ClusterAssignmentLoader, "load_cluster_assigment")
 
@@ -86,10 +87,11 @@ def broadcast_object(obj, src: int = 0, use_disk: bool = True):
 
 @register
 def shim_fast_broadcast_object():
-    # classy_vision/generic/distributed_util.py, broadcast_object: `torch.ByteTensor(
-    # buffer.getbuffer())` converts byte by byte (12 s per 190 MB ResNet-50 checkpoint, paid
-    # by every resume / weights init, also with one process) and receivers `torch.load`
-    # under the weights_only default.  classy_vision/generic/util.py imports it by name.
+    """classy_vision/generic/distributed_util.py, broadcast_object: `torch.ByteTensor(
+    buffer.getbuffer())` converts byte by byte (12 s per 190 MB ResNet-50 checkpoint, paid
+    by every resume / weights init, also with one process) and receivers `torch.load`
+    under the weights_only default.  classy_vision/generic/util.py imports it by name.
+    """
     from classy_vision.generic import distributed_util as du
     from classy_vision.generic import util as cu
 
