@@ -111,16 +111,20 @@ def applied() -> List[str]:
     return [n for n in names() if n in _APPLIED]
 
 
+def _requested_skips() -> Set[str]:
+    return {s.strip() for s in os.environ.get(SKIP_ENV, "").split(",") if s.strip()}
+
+
 def skip_requested(name: str) -> bool:
     """Whether ``VISSL_SWAV_PLUGIN_COMPAT_SKIP`` names ``name`` (or ``all``); read now."""
-    raw_names = {s.strip() for s in os.environ.get(SKIP_ENV, "").split(",") if s.strip()}
-    return name in raw_names or "all" in raw_names
+    requested = _requested_skips()
+    return name in requested or "all" in requested
 
 
 def skipped_names() -> Set[str]:
     """Registered names that ``VISSL_SWAV_PLUGIN_COMPAT_SKIP`` leaves out; unknown entries
     (a typo, or a patch that no longer exists) are reported with a warning."""
-    requested = {s.strip() for s in os.environ.get(SKIP_ENV, "").split(",") if s.strip()}
+    requested = _requested_skips()
     known = names()
     if "all" in requested:
         return set(known)
