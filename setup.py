@@ -1,7 +1,7 @@
 """Packaging for vissl-swav-plugin.
 
-Only the ``vissl_swav_plugin`` package is shipped (VISSL already owns the top-level
-``configs``/``tools``/``tests``/``hydra_plugins`` names).  The repository's ``configs/``
+Only the ``vissl_swav_plugin`` package (with its ``compat`` subpackage) is shipped (VISSL
+already owns the top-level ``configs``/``tools``/``tests``/``hydra_plugins`` names).  The repository's ``configs/``
 tree travels inside the package as data (``vissl_swav_plugin/_configs``), and a
 ``vissl_swav_plugin.pth`` start-up file is installed next to the package so that every
 Python process -- VISSL's stock launcher and the workers it spawns included -- registers
@@ -10,7 +10,7 @@ our components as soon as it imports ``vissl`` (see ``vissl_swav_plugin/_autoloa
 import os
 import shutil
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,7 +41,7 @@ setup(
     name="vissl-swav-plugin",
     version="0.1.0",
     description="SwAV, DeepCluster-v2 and SeLa-v2 as a plugin for VISSL",
-    packages=["vissl_swav_plugin", "vissl_swav_plugin.demo"],
+    packages=find_packages(include=["vissl_swav_plugin", "vissl_swav_plugin.*"]),
     python_requires=">=3.9",
     # Real requirements are installed by the Makefile (VISSL 0.1.6's own pins cannot
     # install on Python 3.11); listed here for information and `pip check`.
