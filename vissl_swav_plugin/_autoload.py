@@ -17,6 +17,9 @@ watches our own submodules and, in that case, registers right after the outermos
 them has finished importing.  Every module imports in any order.
 
 Set ``VISSL_SWAV_PLUGIN_DISABLE=1`` to switch the automatic registration off.
+
+It also arms the fallback ``pkg_resources`` of :mod:`vissl_swav_plugin.pkg_resources_compat`
+(VISSL imports ``pkg_resources``, which recent setuptools no longer ship).
 """
 import importlib.abc
 import importlib.util
@@ -95,7 +98,14 @@ class _Loader(importlib.abc.Loader):
 
 
 def install() -> None:
-    """Arm the hook (idempotent).  If VISSL is already imported, register now."""
+    """Arm the hook (idempotent).  If VISSL is already imported, register now.
+
+    Also, even with ``VISSL_SWAV_PLUGIN_DISABLE=1``, arm the fallback ``pkg_resources``
+    (``pkg_resources_compat``: used only where setuptools ships none, so that VISSL imports).
+    """
+    from vissl_swav_plugin import pkg_resources_compat
+
+    pkg_resources_compat.install()
     if os.environ.get("VISSL_SWAV_PLUGIN_DISABLE"):
         return
     if TRIGGER in sys.modules:

@@ -13,6 +13,7 @@ from typing import Callable, Dict
 
 _INFERENCE: Dict[str, Callable] = {}
 _CROP_COUNTERS: Dict[str, Callable] = {}
+_GLOBAL_INFERENCE: Dict[str, Callable] = {}
 
 
 class ConfigError(ValueError):
@@ -24,6 +25,17 @@ def register_config_inference(loss_name: str):
 
     def deco(fn):
         _INFERENCE[loss_name] = fn
+        return fn
+
+    return deco
+
+
+def register_global_inference(name: str):
+    """Decorator: ``fn(cfg)`` runs (after VISSL's inference, before the loss's) for every
+    config, whatever its loss; ``name`` identifies it (re-registering replaces it)."""
+
+    def deco(fn):
+        _GLOBAL_INFERENCE[name] = fn
         return fn
 
     return deco
@@ -205,6 +217,8 @@ def install() -> None:
 
     def infer_losses_config(cfg):
         cfg = original(cfg) or cfg
+        for global_fn in _GLOBAL_INFERENCE.values():
+            cfg = global_fn(cfg) or cfg
         fn = _INFERENCE.get(cfg.LOSS.name)
         if fn is not None:
             if cfg.LOSS.name not in cfg.LOSS:
