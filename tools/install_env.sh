@@ -25,11 +25,11 @@ $VENV/bin/python -c "import importlib.metadata as m; assert m.version('vissl') =
 $VENV/bin/python -c "import importlib.metadata as m; assert m.version('classy-vision') == '0.7.0'" 2>/dev/null \
   || $PIP install -q --no-deps --force-reinstall classy-vision==0.7.0
 # Every requirement of every installed package is met, except VISSL's own pins (above).
-if $PIP check > "$VENV/.pip-check.txt" 2>&1 || ! grep -qv '^vissl 0\.1\.6 requires' "$VENV/.pip-check.txt"; then
+if $PIP check > "$VENV/.pip-check.txt" 2>&1 || ! grep -qv '^vissl 0\.1\.6 ' "$VENV/.pip-check.txt"; then
   :
 else
   echo "ERROR: broken requirements (besides VISSL 0.1.6's own pins):" >&2
-  grep -v '^vissl 0\.1\.6 requires' "$VENV/.pip-check.txt" >&2
+  grep -v '^vissl 0\.1\.6 ' "$VENV/.pip-check.txt" >&2
   exit 1
 fi
 # Real data for the demo and the real-image tests: Fashion-MNIST from Debian's archive.
