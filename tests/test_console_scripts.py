@@ -21,17 +21,18 @@ def venv(tmp_path_factory):
                     "-w", str(tmp), str(REPO)], check=True, cwd=tmp)
     (whl,) = tmp.glob("vissl_swav_plugin-*.whl")
     env_dir = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
     py = env_dir / "bin" / "python"
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
-    # torch, VISSL, ... from this environment (a plain path entry: its own .pth files, e.g.
+    r = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "-q", str(whl)],
+                       capture_output=True, text=True, env=clean_env())
+    assert r.returncode == 0 and "ERROR" not in r.stdout + r.stderr, r.stdout + r.stderr
+    # then torch, VISSL, ... from this environment (after the install, so that pip does not
+    # see this environment's own vissl-swav-plugin; a plain path entry: its .pth files, e.g.
     # an editable install of the plugin, are not processed)
     with open(os.path.join(site, "host_site_packages.pth"), "w") as f:
         f.write(sysconfig.get_paths()["purelib"] + "\n")
-    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(whl)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0 and "ERROR" not in r.stdout + r.stderr, r.stdout + r.stderr
     return env_dir
 
 
