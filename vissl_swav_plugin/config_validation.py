@@ -14,6 +14,7 @@ from typing import Callable, Dict, List
 _INFERENCE: Dict[str, Callable] = {}
 _CROP_COUNTERS: Dict[str, Callable] = {}
 _CHECKS: List[Callable] = []
+_GLOBAL_INFERENCE: Dict[str, Callable] = {}
 
 
 class ConfigError(ValueError):
@@ -36,6 +37,15 @@ def register_config_check(fn):
     if fn not in _CHECKS:
         _CHECKS.append(fn)
     return fn
+def register_global_inference(name: str):
+    """Decorator: ``fn(cfg)`` runs (after VISSL's inference, before the loss's) for every
+    config, whatever its loss; ``name`` identifies it (re-registering replaces it)."""
+
+    def deco(fn):
+        _GLOBAL_INFERENCE[name] = fn
+        return fn
+
+    return deco
 
 
 def register_crop_counter(transform_name: str):
@@ -260,6 +270,8 @@ def install() -> None:
 
         def infer_losses_config(cfg):
             cfg = original(cfg) or cfg
+            for global_fn in _GLOBAL_INFERENCE.values():
+                cfg = global_fn(cfg) or cfg
             fn = _INFERENCE.get(cfg.LOSS.name)
             if fn is not None:
                 if cfg.LOSS.name not in cfg.LOSS:
