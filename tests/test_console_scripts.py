@@ -62,4 +62,4 @@ def test_console_script_help(venv, name, tmp_path):
 
 def test_expected_scripts_listed():
     assert {"swav-plugin-demo", "swav-plugin-train", "swav-plugin-prepare-data", "swav-plugin-mean-std",
-            "swav-plugin-to-detectron2"} <= set(SCRIPTS)
+            "swav-plugin-to-detectron2", "swav-plugin-knn"} <= set(SCRIPTS)

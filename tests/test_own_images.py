@@ -14,8 +14,6 @@ import yaml
 from conftest import REPO, launcher_env
 
 DOC = REPO / "docs" / "own_images.md"
-# console scripts not yet in setup.py: the checkout's entry point for now
-EXTRA_SCRIPTS = {"swav-plugin-knn": [str(REPO / "tools" / "knn_eval.py")]}
 
 
 def doc_block(tag):
@@ -30,7 +28,6 @@ def console_scripts():
     found = re.findall(r'"(swav-plugin-[\w-]+) = ([\w.]+):(\w+)"', (REPO / "setup.py").read_text())
     assert found
     scripts = {name: ["-c", f"import sys; from {mod} import {fn}; sys.exit({fn}())"] for name, mod, fn in found}
-    scripts.update(EXTRA_SCRIPTS)
     return scripts
 
 
