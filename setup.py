@@ -1,7 +1,7 @@
 """Packaging for vissl-swav-plugin.
 
-Only the ``vissl_swav_plugin`` package is shipped (VISSL already owns the top-level
-``configs``/``tools``/``tests``/``hydra_plugins`` names).  The repository's ``configs/``
+Only the ``vissl_swav_plugin`` package (with its ``compat`` subpackage) is shipped (VISSL
+already owns the top-level ``configs``/``tools``/``tests``/``hydra_plugins`` names).  The repository's ``configs/``
 tree travels inside the package as data (``vissl_swav_plugin/_configs``), and a
 ``vissl_swav_plugin.pth`` start-up file is installed next to the package so that every
 Python process -- VISSL's stock launcher and the workers it spawns included -- registers
@@ -10,11 +10,21 @@ our components as soon as it imports ``vissl`` (see ``vissl_swav_plugin/_autoloa
 import os
 import shutil
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PTH = "vissl_swav_plugin.pth"
+# Command-line tools (the code is in vissl_swav_plugin.tools / .demo; tools/*.py in a
+# checkout are thin entry points to the same functions).
+CONSOLE_SCRIPTS = [
+    "swav-plugin-demo = vissl_swav_plugin.demo.cli:main",
+    "swav-plugin-train = vissl_swav_plugin.tools.launch:main",
+    "swav-plugin-prepare-data = vissl_swav_plugin.tools.prepare_data:main",
+    "swav-plugin-mean-std = vissl_swav_plugin.tools.mean_std:main",
+    "swav-plugin-to-detectron2 = vissl_swav_plugin.tools.to_detectron2:main",
+    "swav-plugin-knn = vissl_swav_plugin.tools.knn_eval:main",
+]
 
 
 class BuildPyWithPth(build_py):
@@ -41,10 +51,13 @@ setup(
     name="vissl-swav-plugin",
     version="0.1.0",
     description="SwAV, DeepCluster-v2 and SeLa-v2 as a plugin for VISSL",
-    packages=["vissl_swav_plugin", "vissl_swav_plugin.demo"],
+    packages=find_packages(include=["vissl_swav_plugin", "vissl_swav_plugin.*"]),
+    entry_points={"console_scripts": CONSOLE_SCRIPTS},
     python_requires=">=3.9",
-    # Real requirements are installed by the Makefile (VISSL 0.1.6's own pins cannot
-    # install on Python 3.11); listed here for information and `pip check`.
+    # Real requirements are installed by tools/install_env.sh (VISSL 0.1.6's own pins cannot
+    # install on Python 3.11, so VISSL goes in with --no-deps).  No setuptools pin: VISSL's
+    # `import pkg_resources` is served by vissl_swav_plugin/pkg_resources_compat.py where
+    # setuptools ships none (torch 2.14 requires setuptools>=77.0.3).
     install_requires=[],
     cmdclass={"build_py": BuildPyWithPth},
     zip_safe=False,

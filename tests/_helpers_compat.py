@@ -334,30 +334,7 @@ def load_images(folder):
     return x, y
 
 
-def reference_knn(train_x, train_y, test_x, test_y, k, sigma, l2_norm):
-    """Weighted kNN (Wu et al. 2018, VISSL's benchmark): votes exp(cos/sigma) of the k
-    nearest train features; returns (top1, top5) accuracies in percent.  NumPy, fp64."""
-    import numpy as np
-
-    tr, te = np.asarray(train_x, np.float64), np.asarray(test_x, np.float64)
-    if l2_norm:
-        tr = tr / np.linalg.norm(tr, axis=1, keepdims=True)
-        te = te / np.linalg.norm(te, axis=1, keepdims=True)
-    train_y = np.asarray(train_y).reshape(-1)
-    test_y = np.asarray(test_y).reshape(-1)
-    num_classes = int(train_y.max()) + 1
-    top1 = top5 = 0
-    for f, y in zip(te, test_y):
-        sim = tr @ f
-        nn = np.argsort(-sim, kind="stable")[:k]
-        votes = np.zeros(num_classes)
-        for j in nn:
-            votes[train_y[j]] += np.exp(sim[j] / sigma)
-        order = np.argsort(-votes, kind="stable")
-        top1 += int(order[0] == y)
-        top5 += int(y in order[:5])
-    n = len(test_y)
-    return 100.0 * top1 / n, 100.0 * top5 / n
+from _reference import reference_knn  # noqa: E402,F401  (H.reference_knn: one copy, in tests/_reference.py)
 
 
 def voc_ap(targets, scores):

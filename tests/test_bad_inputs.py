@@ -94,7 +94,7 @@ def build(path):
 
 
 def test_missing_dataset_path_names_key_and_path(tmp_path):
-    from vissl_swav_plugin.data_safety import DatasetError
+    from vissl_swav_plugin.compat.data_safety import DatasetError
 
     missing = tmp_path / "no_such_dir"
     with pytest.raises(DatasetError, match=rf"config\.DATA\.TRAIN\.DATA_PATHS.*{missing}.*does not exist"):
@@ -102,7 +102,7 @@ def test_missing_dataset_path_names_key_and_path(tmp_path):
 
 
 def test_empty_dataset_folder_names_key_and_path(tmp_path):
-    from vissl_swav_plugin.data_safety import DatasetError
+    from vissl_swav_plugin.compat.data_safety import DatasetError
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetError, match=rf"DATA_PATHS.*{tmp_path / 'empty'}.*holds no images"):
@@ -110,7 +110,7 @@ def test_empty_dataset_folder_names_key_and_path(tmp_path):
 
 
 def test_class_folders_without_images_name_the_path(tmp_path):
-    from vissl_swav_plugin.data_safety import DatasetError
+    from vissl_swav_plugin.compat.data_safety import DatasetError
 
     (tmp_path / "d" / "class0").mkdir(parents=True)
     (tmp_path / "d" / "class0" / "notes.txt").write_text("not an image")
@@ -139,7 +139,7 @@ def _corrupt(kind, path):
     ("text_as_png", "notes.png"), ("empty_jpg", "zero.jpg"),
 ])
 def test_unreadable_image_raises_naming_the_file(tmp_path, kind, name):
-    from vissl_swav_plugin.data_safety import BadImageError
+    from vissl_swav_plugin.compat.data_safety import BadImageError
 
     root = make_image_folder(tmp_path / "imgs", classes=1, per_class=2)
     bad = root / "class0" / name
@@ -223,7 +223,7 @@ def _write_ckpt(kind, path):
     ("not_vissl", r"is not a VISSL training checkpoint: missing \['classy_state_dict'"),
 ])
 def test_unusable_checkpoint_names_the_file_and_keeps_it(tmp_path, kind, match):
-    from vissl_swav_plugin.checkpoint_io import CheckpointError
+    from vissl_swav_plugin.compat.checkpoint_io import CheckpointError
 
     prev = tmp_path / "model_phase0.torch"
     _write_ckpt("ok", prev)
@@ -238,7 +238,7 @@ def test_unusable_checkpoint_names_the_file_and_keeps_it(tmp_path, kind, match):
 
 def test_missing_checkpoint_and_dangling_symlink_name_the_file(tmp_path):
     from vissl.utils.checkpoint import CheckpointLoader
-    from vissl_swav_plugin.checkpoint_io import CheckpointError
+    from vissl_swav_plugin.compat.checkpoint_io import CheckpointError
 
     with pytest.raises(CheckpointError, match=rf"{tmp_path / 'nope.torch'} does not exist"):
         CheckpointLoader.load_and_broadcast_init_weights(str(tmp_path / "nope.torch"), torch.device("cpu"))

@@ -1,4 +1,4 @@
-"""The compatibility layer (vissl_swav_plugin/compat.py): every shim is applied, makes the
+"""The compatibility layer (vissl_swav_plugin/compat/): every shim is applied, makes the
 VISSL code path it targets work, and that path fails with the shim off (shown in-process
 with ``compat.disabled(name)``, or end to end with ``VISSL_SWAV_PLUGIN_DISABLE=1``).
 
@@ -12,23 +12,26 @@ import torch
 
 import vissl  # noqa: F401  (the .pth hook registers the plugin and applies compat)
 from vissl_swav_plugin import compat
+from vissl_swav_plugin.compat import engine
+from vissl_swav_plugin.compat.cpu_device import cuda_calls_to, flush_denormals_for
+from vissl_swav_plugin.compat.larc import LARC
 
 import _helpers_compat as H
 from conftest import compose, make_image_folder, run_launcher
 
 
 def test_every_shim_applied_documented_and_idempotent():
-    names = compat.shim_names()
+    names = compat.names()
     assert len(names) == len(set(names)) >= 12
     assert compat.applied() == names
     for name in names:
         assert f"``{name}``" in compat.__doc__, f"{name} missing from the module docstring"
-    before = {n: [(o, a, compat._raw(o, a)) for o, a, _, _ in compat._PATCHES.get(n, [])] for n in names}
+    before = {n: [(o, a, compat.raw(o, a)) for o, a, _, _ in engine._PATCHES.get(n, [])] for n in names}
     compat.apply_all()
     compat.apply_all()
     for n in names:
         for owner, attr, value in before[n]:
-            assert compat._raw(owner, attr) is value, f"{n} re-patched {attr}"
+            assert compat.raw(owner, attr) is value, f"{n} re-patched {attr}"
 
 
 def test_skip_env_and_disabled(monkeypatch, caplog):
@@ -36,10 +39,10 @@ def test_skip_env_and_disabled(monkeypatch, caplog):
 
     monkeypatch.setenv(compat.SKIP_ENV, "shim_not_in_compat, shim_pillow13_posterize")
     with caplog.at_level(logging.INFO, logger=compat.__name__):
-        assert compat._skipped() == {"shim_pillow13_posterize"}
+        assert compat.skipped_names() == {"shim_pillow13_posterize"}
     assert "shim_not_in_compat" in caplog.text  # e.g. another plugin module's shim, or a typo
     monkeypatch.setenv(compat.SKIP_ENV, "all")
-    assert compat._skipped() == set(compat.shim_names())
+    assert compat.skipped_names() == set(compat.names())
     with pytest.raises(ValueError, match="no_such_shim"):
         with compat.disabled("no_such_shim"):
             pass
@@ -90,7 +93,7 @@ def test_larc_step_equals_closed_form(clip):
                            "use_larc": True, "larc_config": {"clip": clip, "eps": eps, "trust_coefficient": tc}})
     torch_params = [torch.nn.Parameter(x.clone()) for x in params]
     opt.prepare([{"params": [torch_params[j] for j in m], "lr": lr, "weight_decay": wd} for lr, wd, m in groups])
-    assert isinstance(opt.optimizer, compat.LARC)
+    assert isinstance(opt.optimizer, LARC)
     for s in range(steps):
         for j, p in enumerate(torch_params):
             p.grad = None if grads[s][j] is None else grads[s][j].clone()
@@ -122,7 +125,7 @@ def test_larc_fails_without_shim_and_vissl_task_builds_it():
             task._build_optimizer()
     optimizer = task._build_optimizer()
     optimizer.set_param_groups([torch.nn.Parameter(torch.ones(3))], lr=0.1)
-    assert isinstance(optimizer.optimizer, compat.LARC)
+    assert isinstance(optimizer.optimizer, LARC)
     assert optimizer.optimizer.trust_coefficient == 0.001 and optimizer.optimizer.clip is False
 
 
@@ -229,10 +232,10 @@ def test_syncbn_apex_falls_back_to_pytorch_syncbn():
 # ------------------------------------------------------------------------------------------
 def test_cuda_calls_redirect_is_scoped():
     t = torch.ones(2)
-    with compat.cuda_calls_to("cpu"):
+    with cuda_calls_to("cpu"):
         assert t.cuda(non_blocking=True).device.type == "cpu"
         assert torch.nn.Linear(2, 2).cuda().weight.device.type == "cpu"
-        with compat.cuda_calls_to(torch.device("cpu")):  # re-entrant
+        with cuda_calls_to(torch.device("cpu")):  # re-entrant
             assert t.cuda().device.type == "cpu"
     assert "cuda" not in torch.Tensor.__dict__
     if not torch.cuda.is_available():
@@ -317,7 +320,7 @@ def test_two_spawned_processes_dc2_kmeans_and_broadcast(tmp_path):
     checkpoint broadcast carries non-tensor objects."""
     results = H.run_two_process_worker(tmp_path)
     for r in results:
-        assert r["registered"] and r["applied"] == compat.shim_names()
+        assert r["registered"] and r["applied"] == compat.names()
     a0, a1 = results[0]["dc_assignments"], results[1]["dc_assignments"]
     assert torch.equal(a0, a1) and (a0 >= 0).all()
     emb = results[0]["dc_embeddings"]
@@ -441,11 +444,11 @@ def test_flush_denormal_for_cpu_runs(monkeypatch):
     try:
         torch.set_flush_denormal(False)
         assert denormals_kept()
-        assert compat.flush_denormals_for({"MACHINE": {"DEVICE": "gpu"}}) is False and denormals_kept()
-        monkeypatch.setenv(compat.FLUSH_DENORMAL_ENV, "0")
-        assert compat.flush_denormals_for({"MACHINE": {"DEVICE": "cpu"}}) is False and denormals_kept()
-        monkeypatch.delenv(compat.FLUSH_DENORMAL_ENV)
-        assert compat.flush_denormals_for({"MACHINE": {"DEVICE": "cpu"}}) is True and not denormals_kept()
+        assert flush_denormals_for({"MACHINE": {"DEVICE": "gpu"}}) is False and denormals_kept()
+        monkeypatch.setenv(compat.SKIP_ENV, "shim_cpu_flush_denormal")
+        assert flush_denormals_for({"MACHINE": {"DEVICE": "cpu"}}) is False and denormals_kept()
+        monkeypatch.delenv(compat.SKIP_ENV)
+        assert flush_denormals_for({"MACHINE": {"DEVICE": "cpu"}}) is True and not denormals_kept()
     finally:
         torch.set_flush_denormal(False)
     # every VISSL engine builds a SelfSupervisionTrainer in each worker: that is where it runs

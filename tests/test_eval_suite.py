@@ -466,7 +466,7 @@ def test_converter_names_a_non_resnet_key(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------
-# the shim the low-shot SVM tool needs (compat.shim_svm_low_shot_mean_ap_scalar)
+# the shim the low-shot SVM tool needs (compat.numpy2.shim_svm_low_shot_mean_ap_scalar)
 # ------------------------------------------------------------------------------------------
 def test_low_shot_trainer_stores_mean_ap_as_numpy_before_2_4_did():
     import vissl  # noqa: F401

@@ -16,6 +16,7 @@ def test_wheel_contents(tmp_path):
     top = {n.split("/")[0] for n in names}
     assert top == {"vissl_swav_plugin", "vissl_swav_plugin.pth", *[t for t in top if t.endswith(".dist-info")]}
     assert "vissl_swav_plugin/_configs/config/pretrain/swav/swav_8node_resnet.yaml" in names
+    assert {"vissl_swav_plugin/compat/__init__.py", "vissl_swav_plugin/compat/engine.py"} <= set(names)
     pth = zipfile.ZipFile(whl).read("vissl_swav_plugin.pth").decode()
     assert pth == (REPO / "vissl_swav_plugin.pth").read_text()
 

@@ -175,15 +175,14 @@ def test_resumed_final_state_equals_uninterrupted_final_state(resume_runs):
 # --------------------------------------------------------------------------------------
 WRITER_CHILD = textwrap.dedent(r"""
     import json, os, random, signal, sys, time
+    folder, mode, trials, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    if mode == "vissl":                    # VISSL 0.1.6's own writer, as a control
+        os.environ["VISSL_SWAV_PLUGIN_COMPAT_SKIP"] = "shim_atomic_checkpoints,shim_checkpoint_load_errors"
     import torch
     import vissl  # registers the plugin (atomic writer)
     from vissl.utils.checkpoint import CheckpointWriter, CheckpointLoader, get_resume_checkpoint
     from vissl.config import AttrDict
-    from vissl_swav_plugin import checkpoint_io
 
-    folder, mode, trials, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    if mode == "vissl":
-        checkpoint_io.uninstall()          # VISSL 0.1.6's own writer, as a control
     rng = random.Random(seed)
     cfg = AttrDict({"CHECKPOINT": {"OVERWRITE_EXISTING": False, "AUTO_RESUME": True,
                                    "LATEST_CHECKPOINT_RESUME_FILE_NUM": 1,
@@ -282,7 +281,7 @@ def test_vissl_writer_without_plugin_loses_the_checkpoint(tmp_path):
 
 
 def test_stale_partial_files_of_dead_writers_are_cleaned(tmp_path):
-    from vissl_swav_plugin import checkpoint_io
+    from vissl_swav_plugin.compat import checkpoint_io
 
     # a partial file of a dead process of this host, one of a live process, one of another host
     dead = subprocess.Popen([sys.executable, "-c", "pass"]); dead.wait()

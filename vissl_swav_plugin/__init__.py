@@ -12,10 +12,12 @@ import threading
 __version__ = "0.1.0"
 
 # Modules whose import registers components (losses, heads, hooks, transforms, ...).
-# Order matters only in that ``compat`` must come first.
+# ``compat`` comes first: its ``apply_all`` imports every patch module (compat/*.py,
+# config_validation, hooks; see ``compat.PATCH_MODULES``) and applies their patches.
 COMPONENT_MODULES = [
     "vissl_swav_plugin.compat",
     "vissl_swav_plugin.config_validation",
+    "vissl_swav_plugin.dataset_stats",
     "vissl_swav_plugin.swav_loss",
     "vissl_swav_plugin.heads",
     "vissl_swav_plugin.hooks",
@@ -24,8 +26,6 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.sela_v2",
     "vissl_swav_plugin.multicrop",
     "vissl_swav_plugin.trunks",
-    "vissl_swav_plugin.checkpoint_io",
-    "vissl_swav_plugin.data_safety",
     "vissl_swav_plugin.progress",
     "vissl_swav_plugin.online_knn",
     "vissl_swav_plugin.collapse",
@@ -37,7 +37,8 @@ _registered = False
 
 
 def register_all() -> None:
-    """Apply the compatibility shims and register every plugin component (idempotent)."""
+    """Apply the compat patches (:func:`vissl_swav_plugin.compat.apply_all`) and register
+    every plugin component (idempotent)."""
     global _registered
     with _lock:
         if _registered:

@@ -15,6 +15,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 _INFERENCE: Dict[str, Callable] = {}
 _CROP_COUNTERS: Dict[str, Callable] = {}
 _CHECKS: List[Callable] = []
+_GLOBAL_INFERENCE: Dict[str, Callable] = {}
 
 
 class ConfigError(ValueError):
@@ -37,6 +38,15 @@ def register_config_check(fn):
     if fn not in _CHECKS:
         _CHECKS.append(fn)
     return fn
+def register_global_inference(name: str):
+    """Decorator: ``fn(cfg)`` runs (after VISSL's inference, before the loss's) for every
+    config, whatever its loss; ``name`` identifies it (re-registering replaces it)."""
+
+    def deco(fn):
+        _GLOBAL_INFERENCE[name] = fn
+        return fn
+
+    return deco
 
 
 def register_crop_counter(transform_name: str):
@@ -300,29 +310,36 @@ def require_str(value, key):
 
 
 def install() -> None:
-    import vissl.utils.hydra_config as hc
+    """Wrap ``vissl.utils.hydra_config.infer_losses_config`` through the compat engine
+    (patch ``plugin_config_inference``: applied now and once per process, listed by
+    ``compat.applied()``, undone by ``compat.disabled("plugin_config_inference")``)."""
+    from vissl_swav_plugin import compat
 
-    if getattr(hc.infer_losses_config, "_vissl_swav_plugin", False):
-        return
-    original = hc.infer_losses_config
+    def plugin_config_inference():
+        import vissl.utils.hydra_config as hc
 
-    def infer_losses_config(cfg):
-        cfg = original(cfg) or cfg
-        fn = _INFERENCE.get(cfg.LOSS.name)
-        if fn is not None:
-            if cfg.LOSS.name not in cfg.LOSS:
-                raise ConfigError(
-                    f"config.LOSS.{cfg.LOSS.name} is missing: LOSS.name is {cfg.LOSS.name!r} but "
-                    "its parameter block is absent (use one of the plugin's configs)"
-                )
-            cfg = fn(cfg) or cfg
-        for check in _CHECKS:
-            check(cfg)
-        return cfg
+        original = compat.raw(hc, "infer_losses_config")
 
-    infer_losses_config._vissl_swav_plugin = True
-    infer_losses_config.__wrapped__ = original
-    hc.infer_losses_config = infer_losses_config
+        def infer_losses_config(cfg):
+            cfg = original(cfg) or cfg
+            for global_fn in _GLOBAL_INFERENCE.values():
+                cfg = global_fn(cfg) or cfg
+            fn = _INFERENCE.get(cfg.LOSS.name)
+            if fn is not None:
+                if cfg.LOSS.name not in cfg.LOSS:
+                    raise ConfigError(
+                        f"config.LOSS.{cfg.LOSS.name} is missing: LOSS.name is {cfg.LOSS.name!r} but "
+                        "its parameter block is absent (use one of the plugin's configs)"
+                    )
+                cfg = fn(cfg) or cfg
+            for check in _CHECKS:
+                check(cfg)
+            return cfg
+
+        infer_losses_config.__wrapped__ = original
+        compat.patch("plugin_config_inference", hc, "infer_losses_config", infer_losses_config)
+
+    compat.register(plugin_config_inference, now=True)
 
 
 install()

@@ -66,20 +66,25 @@ def hooks_for_config(cfg) -> List[ClassyHook]:
 
 
 def install() -> None:
-    import vissl.hooks as vh
+    """Wrap ``vissl.hooks.add_loss_hooks`` through the compat engine (patch
+    ``plugin_loss_hooks``: applied now and once per process, listed by
+    ``compat.applied()``, undone by ``compat.disabled("plugin_loss_hooks")``)."""
+    from vissl_swav_plugin import compat
 
-    if getattr(vh.add_loss_hooks, "_vissl_swav_plugin", False):
-        return
-    original = vh.add_loss_hooks
+    def plugin_loss_hooks():
+        import vissl.hooks as vh
 
-    def add_loss_hooks(hooks, loss_cfg, cfg):
-        hooks = original(hooks, loss_cfg, cfg)
-        hooks.extend(hooks_for_config(cfg))
-        return hooks
+        original = compat.raw(vh, "add_loss_hooks")
 
-    add_loss_hooks._vissl_swav_plugin = True
-    add_loss_hooks.__wrapped__ = original
-    vh.add_loss_hooks = add_loss_hooks
+        def add_loss_hooks(hooks, loss_cfg, cfg):
+            hooks = original(hooks, loss_cfg, cfg)
+            hooks.extend(hooks_for_config(cfg))
+            return hooks
+
+        add_loss_hooks.__wrapped__ = original
+        compat.patch("plugin_loss_hooks", vh, "add_loss_hooks", add_loss_hooks)
+
+    compat.register(plugin_loss_hooks, now=True)
 
 
 class NoOpHook(ClassyHook):

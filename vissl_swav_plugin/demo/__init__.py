@@ -23,8 +23,10 @@ The pipeline (:func:`vissl_swav_plugin.demo.cli.main`, run by ``tools/demo.py``)
 
 Importing this package (or any of its modules) is cheap: torch, VISSL, numpy and
 matplotlib are imported only by the functions that need them.  The demo runs from a
-repository checkout (it starts ``tools/run_distributed_engines.py`` and loads
-``tools/prepare_fashion_mnist.py``).
+checkout (``python tools/demo.py``, ``make demo``: outputs in the checkout's
+``demo_output/`` and ``data/``) or from an installed wheel (``swav-plugin-demo``: outputs in
+the working directory); it starts ``python -m vissl_swav_plugin.tools.launch`` (the code
+of ``tools/run_distributed_engines.py``) and uses ``vissl_swav_plugin.tools.fashion_mnist``.
 
 Example::
 

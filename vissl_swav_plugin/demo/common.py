@@ -11,7 +11,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[2]
+# Default home of demo_output/ and data/: the checkout (editable install, `make demo`), else
+# (a wheel installed in site-packages, `swav-plugin-demo`) the working directory.
+REPO = _ROOT if (_ROOT / "setup.py").is_file() and (_ROOT / "tools").is_dir() else Path.cwd()
 CONFIG = "pretrain/swav/swav_fashion_mnist_cpu"
 
 

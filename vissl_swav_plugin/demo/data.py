@@ -1,33 +1,27 @@
 """Step 1 of the demo: the Fashion-MNIST subset as a VISSL ``disk_folder``.
 
 The reading of the IDX files, the subset rule (the first N images of each class, in file
-order) and the PNG / ImageFolder writing are those of ``tools/prepare_fashion_mnist.py``,
-loaded from the repository and called here; this module adds the demo's folder naming,
+order) and the PNG / ImageFolder writing are those of ``tools/prepare_fashion_mnist.py``
+(:mod:`vissl_swav_plugin.tools.fashion_mnist`), called here; this module adds the demo's folder naming,
 the lock that lets concurrent demos / tests share a data folder, and the in-memory copies
 of the same images used by the kNN evaluation.
 """
 import fcntl
-import importlib.util
 from pathlib import Path
 
-from .common import REPO, DemoError
-
-DATA_TOOL = REPO / "tools" / "prepare_fashion_mnist.py"
+from .common import DemoError
 
 
 def load_data_tool():
-    """``tools/prepare_fashion_mnist.py`` as a module (``tools/`` is not a package: VISSL
-    owns that top-level name).
+    """The Fashion-MNIST data tool (``tools/prepare_fashion_mnist.py``'s code).
 
     Returns:
-        The module (``prepare``, ``load_split``, ``select_indices``, ``DataToolError``, ...).
+        The module :mod:`vissl_swav_plugin.tools.fashion_mnist` (``prepare``, ``load_split``,
+        ``select_indices``, ``find_source``, ``DataToolError``, ...).
     """
-    if not DATA_TOOL.is_file():
-        raise DemoError(f"{DATA_TOOL} not found: the demo runs from a checkout of the repository")
-    spec = importlib.util.spec_from_file_location("_demo_prepare_fashion_mnist", DATA_TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from vissl_swav_plugin.tools import fashion_mnist
+
+    return fashion_mnist
 
 
 def prepare_data(source, data_dir, train_per_class, test_per_class):
@@ -59,7 +53,7 @@ def prepare_data(source, data_dir, train_per_class, test_per_class):
 def _prepare_data(tool, source, data_dir, train_per_class, test_per_class):
     for split in ("train", "val"):  # name a missing file before anything is written
         for kind in ("images-idx3", "labels-idx1"):
-            tool._find_source(source, split, kind)
+            tool.find_source(source, split, kind)
     folder = data_dir / f"fashion_mnist_{train_per_class}pc"
     summary = write_image_folder(tool, source, folder, train_per_class)
     train_x, train_y, keep = _subset(tool, source, "train", train_per_class)

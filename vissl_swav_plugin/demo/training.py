@@ -1,7 +1,7 @@
 """Step 2 of the demo: SwAV pre-training through VISSL's launcher, in a subprocess.
 
 :func:`training_overrides` turns the demo's settings into the launcher's Hydra overrides,
-:func:`run_training` runs ``tools/run_distributed_engines.py`` with them (the full log in
+:func:`run_training` runs the plugin's launcher (``tools/run_distributed_engines.py``) with them (the full log in
 ``train_log.txt``) while :func:`parse_log_line` and :class:`Progress` turn VISSL's
 per-iteration log lines into one compact progress line, and :func:`read_loss_curve`
 reads the loss curve back from VISSL's ``stdout.json``.
@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from .common import CONFIG, REPO, DemoError, compose_config, fmt_secs
+from .common import CONFIG, DemoError, compose_config, fmt_secs
 
-LAUNCHER = REPO / "tools" / "run_distributed_engines.py"
+LAUNCHER = ["-m", "vissl_swav_plugin.tools.launch"]  # = tools/run_distributed_engines.py, also from a wheel
 
 
 def bf16_native():
@@ -178,7 +178,7 @@ def run_training(overrides, run_dir, total_iters, num_epochs, threads):
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, str(LAUNCHER), *overrides]
+    cmd = [sys.executable, *LAUNCHER, *overrides]
     (run_dir / "train_command.txt").write_text(" ".join(cmd) + "\n")
     progress = Progress(total_iters)
     curve = []

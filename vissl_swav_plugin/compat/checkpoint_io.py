@@ -1,7 +1,8 @@
 """Crash-safe checkpoint writes and clear checkpoint-load errors for VISSL's engine.
 
-Installed by :func:`install` when the plugin registers (every process that imports
-``vissl``); it changes no result, only *how* files are written and *what* a failure says.
+What breaks in VISSL 0.1.6 and how it is fixed is below; the patches are applied with the
+others of :mod:`vissl_swav_plugin.compat` (every process that imports ``vissl``).  They
+change no result, only *how* files are written and *what* a failure says.
 
 Writes (``vissl.utils.checkpoint.CheckpointWriter``)
     VISSL 0.1.6 ``torch.save``s straight into the final file (Classy Vision's
@@ -33,8 +34,11 @@ Loads (resume: ``CheckpointLoader.load_and_broadcast_checkpoint``; ``MODEL.WEIGH
     :class:`CheckpointMismatchError` now names the file and the part (model / optimizer
     state or ``LOSS.<name>`` state) with the original message.
 
-Environment: ``VISSL_SWAV_PLUGIN_ATOMIC_CHECKPOINTS=0`` keeps VISSL's own writer (the
-load errors stay).
+Two compat patches (see :mod:`vissl_swav_plugin.compat`): ``shim_atomic_checkpoints``
+(the writes) and ``shim_checkpoint_load_errors`` (the loads).
+``VISSL_SWAV_PLUGIN_COMPAT_SKIP=shim_atomic_checkpoints`` keeps VISSL's own writer (the
+load errors stay); it is also honoured by a writer already patched when the variable is
+set later in the process.
 """
 import contextlib
 import contextvars
@@ -43,17 +47,19 @@ import os
 import socket
 import uuid
 
+from vissl_swav_plugin.compat.engine import original, patch, register, skip_requested
+
 logger = logging.getLogger(__name__)
 
-ATOMIC_ENV = "VISSL_SWAV_PLUGIN_ATOMIC_CHECKPOINTS"
+WRITES = "shim_atomic_checkpoints"
+LOADS = "shim_checkpoint_load_errors"
 TMP_PREFIX = ".ckpt_partial_"
 TMP_SUFFIX = ".tmp"
-_MARK = "__vissl_swav_plugin_checkpoint_io__"
 _ERROR_KEY = "__vissl_swav_plugin_checkpoint_error__"
 # keys VISSL's resume path reads from a training checkpoint (train_task.prepare / trainer)
 RESUME_KEYS = ("classy_state_dict", "iteration", "iteration_num", "phase_idx", "train_phase_idx")
 
-_originals = {}
+_originals = {}  # "Owner.attr" -> VISSL's / Classy's value before our patch
 _loading_init_weights = contextvars.ContextVar("vissl_swav_plugin_init_weights", default=False)
 
 
@@ -134,17 +140,12 @@ def atomic_torch_save(obj, path: str) -> str:
     folder = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(folder, exist_ok=True)
     cleanup_stale_partials(folder)
-    tmp = _tmp_name(folder)
-    try:
+    with _temporary_name_in(folder) as tmp:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
     _fsync_dir(folder)
     return path
 
@@ -152,19 +153,26 @@ def atomic_torch_save(obj, path: str) -> str:
 def atomic_symlink(target: str, link: str) -> None:
     """Point ``link`` at ``target``; ``link`` always exists once it existed."""
     folder = os.path.dirname(os.path.abspath(link)) or "."
-    tmp = _tmp_name(folder)
-    os.symlink(target, tmp)
-    try:
+    with _temporary_name_in(folder) as tmp:
+        os.symlink(target, tmp)
         os.replace(tmp, link)
+    _fsync_dir(folder)
+
+
+@contextlib.contextmanager
+def _temporary_name_in(folder: str):
+    """A fresh temporary file name in ``folder``; the file is removed if the block fails."""
+    tmp = _tmp_name(folder)
+    try:
+        yield tmp
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(folder)
 
 
 def _atomic_enabled() -> bool:
-    return os.environ.get(ATOMIC_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return not skip_requested(WRITES)
 
 
 def _writer_save(self, name: str, content):
@@ -253,7 +261,7 @@ def read_checkpoint(checkpoint_path, device=None):
     else:
         size = -1
     try:
-        return _originals["classy.load_checkpoint"](path, device)
+        return cu.load_checkpoint(path, device)  # Classy's reader (not patched)
     except Exception as e:
         raise CheckpointError(_describe_load_failure(path, size, e)) from e
 
@@ -361,17 +369,39 @@ def _task_build_loss(self):
 
 
 # ----------------------------------------------------------------------------------------
-# installation
+# the patches
 # ----------------------------------------------------------------------------------------
-def _targets():
-    from classy_vision.generic import util as cu
-    from vissl.trainer import train_task as tt
+def _install(name, targets) -> None:
+    for key, owner, attr, replacement in targets:
+        patch(name, owner, attr, replacement)
+        _originals[key] = original(name, owner, attr)
+
+
+@register
+def shim_atomic_checkpoints():
+    """vissl/utils/checkpoint.py, CheckpointWriter._save (torch.save into the final name) and
+    CheckpointWriter._create_symbolic_link (deletes checkpoint.torch, then re-creates it).
+    """
     from vissl.utils import checkpoint as vc
 
-    return [
+    _install(WRITES, [
         ("CheckpointWriter._save", vc.CheckpointWriter, "_save", _writer_save),
         ("CheckpointWriter._create_symbolic_link", vc.CheckpointWriter, "_create_symbolic_link",
          _writer_symlink),
+    ])
+
+
+@register
+def shim_checkpoint_load_errors():
+    """vissl/utils/checkpoint.py, load_and_broadcast_checkpoint / load_checkpoint (Classy's
+    readers, imported by name), CheckpointLoader.load_and_broadcast_checkpoint /
+    load_and_broadcast_init_weights; vissl/trainer/train_task.py,
+    SelfSupervisionTask._update_classy_state (assert) and _build_loss (loss state).
+    """
+    from vissl.trainer import train_task as tt
+    from vissl.utils import checkpoint as vc
+
+    _install(LOADS, [
         ("vissl.load_and_broadcast_checkpoint", vc, "load_and_broadcast_checkpoint",
          load_and_broadcast_checkpoint),
         ("vissl.load_checkpoint", vc, "load_checkpoint", _shard_load_checkpoint),
@@ -382,37 +412,4 @@ def _targets():
         ("SelfSupervisionTask._update_classy_state", tt.SelfSupervisionTask, "_update_classy_state",
          _task_update_classy_state),
         ("SelfSupervisionTask._build_loss", tt.SelfSupervisionTask, "_build_loss", _task_build_loss),
-        # not patched: the original reader used by read_checkpoint
-        ("classy.load_checkpoint", cu, "load_checkpoint", None),
-    ]
-
-
-def _raw(owner, attr):
-    if isinstance(owner, type):
-        for klass in owner.__mro__:
-            if attr in klass.__dict__:
-                return klass.__dict__[attr]
-    return getattr(owner, attr)
-
-
-def install() -> None:
-    """Patch VISSL's checkpoint writer / loader (idempotent)."""
-    for key, owner, attr, repl in _targets():
-        current = _raw(owner, attr)
-        if getattr(getattr(current, "__func__", current), _MARK, False):
-            continue
-        _originals.setdefault(key, current)
-        if repl is None:
-            continue
-        setattr(getattr(repl, "__func__", repl), _MARK, True)
-        setattr(owner, attr, repl)
-
-
-def uninstall() -> None:
-    """Restore VISSL's originals (tests: show the behaviour without the plugin)."""
-    for key, owner, attr, repl in _targets():
-        if repl is not None and key in _originals:
-            setattr(owner, attr, _originals[key])
-
-
-install()
+    ])

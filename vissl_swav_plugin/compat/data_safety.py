@@ -1,7 +1,8 @@
 """Clear errors for bad image data in VISSL's ``disk_folder`` / ``disk_filelist`` datasets.
 
-Installed when the plugin registers (every process that imports ``vissl``, DataLoader
-workers started with spawn/forkserver included).
+Compat patch ``shim_bad_image_errors`` (see :mod:`vissl_swav_plugin.compat`), applied
+when the plugin registers (every process that imports ``vissl``, DataLoader workers
+started with spawn/forkserver included).  What breaks in VISSL 0.1.6 and the fix:
 
 Unreadable images (corrupt or truncated JPEG/PNG, a non-image file with an image
 extension, an empty file)
@@ -31,9 +32,10 @@ Missing or empty dataset folders
 import logging
 import os
 
+from vissl_swav_plugin.compat.engine import original, patch, register
+
 BAD_IMAGES_ENV = "VISSL_SWAV_PLUGIN_BAD_IMAGES"
-_MARK = "__vissl_swav_plugin_data_safety__"
-_originals = {}
+_originals = {}  # attribute -> VISSL's DiskImageDataset method before our patch
 
 
 class BadImageError(RuntimeError):
@@ -48,6 +50,7 @@ POLICIES = ("error", "substitute", "vissl")
 
 
 def bad_image_policy() -> str:
+    """``VISSL_SWAV_PLUGIN_BAD_IMAGES`` (``error`` default, ``substitute`` or ``vissl``)."""
     value = os.environ.get(BAD_IMAGES_ENV, "error").strip().lower() or "error"
     if value not in POLICIES:
         raise ValueError(f"{BAD_IMAGES_ENV}={value!r}: use one of {', '.join(POLICIES)}")
@@ -158,17 +161,13 @@ def _getitem(self, idx):
     return img, is_success
 
 
-def install() -> None:
+@register
+def shim_bad_image_errors():
+    """vissl/data/disk_dataset.py, DiskImageDataset.__init__ (bare AssertionError /
+    FileNotFoundError for a bad DATA_PATHS) and __getitem__ (see the module docstring).
+    """
     from vissl.data.disk_dataset import DiskImageDataset
 
-    for attr, repl in (("__init__", _init), ("__getitem__", _getitem)):
-        current = DiskImageDataset.__dict__[attr]
-        if getattr(current, _MARK, False):
-            continue
-        _originals.setdefault(attr, current)
-        setattr(repl, _MARK, True)
-        setattr(DiskImageDataset, attr, repl)
-    logging.getLogger(__name__).debug("data_safety installed")
-
-
-install()
+    for attr, replacement in (("__init__", _init), ("__getitem__", _getitem)):
+        patch("shim_bad_image_errors", DiskImageDataset, attr, replacement)
+        _originals[attr] = original("shim_bad_image_errors", DiskImageDataset, attr)
