@@ -150,7 +150,7 @@ def train_dataset_size(cfg) -> Optional[int]:
     (>= 0, VISSL's length then), else the first source's size for ``synthetic`` (VISSL's
     50,000), ``disk_folder`` (images under ``DATA_PATHS[0]``, ImageFolder layout) and
     ``disk_filelist`` (entries of a ``.npy`` file list); None otherwise or when the path is
-    unusable (the dataset checks report it)."""
+    unusable or empty (the dataset checks report it, naming the path)."""
     data = cfg.DATA.TRAIN
     limit = data.get("DATA_LIMIT", -1)
     if isinstance(limit, int) and limit >= 0:
@@ -165,12 +165,12 @@ def train_dataset_size(cfg) -> Optional[int]:
     if not paths or not isinstance(paths[0], str):
         return None
     if sources[0] == "disk_folder" and os.path.isdir(paths[0]):
-        return _count_images(paths[0])
+        return _count_images(paths[0]) or None  # none: the dataset checks name the folder
     if sources[0] == "disk_filelist" and paths[0].endswith(".npy") and os.path.isfile(paths[0]):
         import numpy as np
 
         try:
-            return int(len(np.load(paths[0], mmap_mode="r", allow_pickle=False)))
+            return int(len(np.load(paths[0], mmap_mode="r", allow_pickle=False))) or None
         except (OSError, ValueError):
             return None
     return None
@@ -186,14 +186,21 @@ def _count_images(root: str) -> int:
     return n
 
 
+def samples_per_process(cfg, num_samples: int) -> int:
+    """Training samples each process gets per epoch: VISSL's sampler gives ``ceil(N /
+    world)`` (torch's DistributedSampler pads), ``floor`` with the stateful sampler."""
+    world = world_size_of(cfg)
+    if cfg.DATA.TRAIN.get("USE_STATEFUL_DISTRIBUTED_SAMPLER"):
+        return num_samples // world
+    return math.ceil(num_samples / world)
+
+
 def iterations_per_epoch(cfg, num_samples: int) -> int:
-    """Training iterations per epoch for ``num_samples`` samples: VISSL's sampler gives
-    each process ``ceil(N / world)`` (``floor`` with the stateful sampler), cut into
-    batches of ``BATCHSIZE_PER_REPLICA`` (the last partial one dropped with DROP_LAST)."""
-    data, world = cfg.DATA.TRAIN, world_size_of(cfg)
-    per = num_samples // world if data.get("USE_STATEFUL_DISTRIBUTED_SAMPLER") else math.ceil(num_samples / world)
-    bs = int(data.BATCHSIZE_PER_REPLICA)
-    return per // bs if data.get("DROP_LAST", False) else math.ceil(per / bs)
+    """Training iterations per epoch for ``num_samples`` samples: each process's share
+    (:func:`samples_per_process`) in batches of ``BATCHSIZE_PER_REPLICA``, the last partial
+    batch dropped with ``DROP_LAST``."""
+    per, bs = samples_per_process(cfg, num_samples), int(cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA)
+    return per // bs if cfg.DATA.TRAIN.get("DROP_LAST", False) else math.ceil(per / bs)
 
 
 @register_config_check
@@ -207,10 +214,9 @@ def check_batches(cfg) -> None:
         raise ConfigError(f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA must be an integer >= 1, got {bs!r}")
     n = train_dataset_size(cfg)
     if n is not None and iterations_per_epoch(cfg, n) == 0:
-        world = world_size_of(cfg)
         raise ConfigError(
             f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={bs} is larger than the {n} training samples "
-            f"split over {world} processes ({n // world if n >= world else n} each"
+            f"split over {world_size_of(cfg)} processes ({samples_per_process(cfg, n)} each"
             f"{', DROP_LAST=True' if cfg.DATA.TRAIN.get('DROP_LAST', False) else ''}): no training iteration; "
             "lower the batch size or the number of processes, or use more data"
         )
