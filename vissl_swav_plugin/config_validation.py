@@ -149,10 +149,11 @@ def check_known_keys(block, known: Iterable[str], path: str, error=None) -> None
 
 def swav_loss_known_keys():
     """``(known keys of LOSS.swav_plugin_loss, known keys of its queue block)``: the run
-    time's own tables (``swav_loss.REQUIRED_KEYS``, ``DEFAULTS``, ``QUEUE_DEFAULTS``)."""
+    time's own tables (``swav_loss.REQUIRED_KEYS``, ``DEFAULTS``, ``QUEUE_DEFAULTS``), plus
+    ``queue`` and ``name`` (which Classy Vision's ``build_loss`` adds to the block)."""
     from vissl_swav_plugin.swav_loss import DEFAULTS, QUEUE_DEFAULTS, REQUIRED_KEYS
 
-    return set(REQUIRED_KEYS) | set(DEFAULTS) | {"queue"}, set(QUEUE_DEFAULTS)
+    return set(REQUIRED_KEYS) | set(DEFAULTS) | {"queue", "name"}, set(QUEUE_DEFAULTS)
 
 
 def validate_swav_loss_config(lc, prefix="LOSS.swav_plugin_loss"):
