@@ -90,7 +90,10 @@ def test_num_clusters_not_a_list_names_the_key():
 def build(path):
     from vissl.data import build_dataset
 
-    return build_dataset(compose([QUICK, "config.DATA.TRAIN.DATA_LIMIT=-1"] + folder_data_overrides(path)), "TRAIN")
+    # batch 1: these folders hold fewer images than one batch of 4 per process, which a
+    # training config rejects when it is composed (config_checks.check_batches)
+    return build_dataset(compose([QUICK, "config.DATA.TRAIN.DATA_LIMIT=-1", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=1"]
+                                 + folder_data_overrides(path)), "TRAIN")
 
 
 def test_missing_dataset_path_names_key_and_path(tmp_path):

@@ -311,7 +311,8 @@ def test_vissl_dataset_and_config_inference(tmp_path):
     from vissl.data import build_dataset
     from vissl.data.collators.multicrop_collator import multicrop_collator
 
-    folder = make_image_folder(tmp_path / "imgs", classes=2, per_class=3, size=32)
+    # 8 images: one batch of 4 per process (fewer is rejected when the config is composed)
+    folder = make_image_folder(tmp_path / "imgs", classes=2, per_class=4, size=32)
     cfg = compose(
         ["config=test/swav_plugin/quick_cpu", *folder_data_overrides(folder),
          "config.DATA.TRAIN.TRANSFORMS=[{name:multicrop_plugin,num_crops:[2,3],size_crops:[32,16],"

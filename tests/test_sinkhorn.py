@@ -98,3 +98,52 @@ def test_two_processes_equal_one_process_on_concatenated_batch():
     # and it is not what each process would get on its own
     alone = torch.cat([sinkhorn_knopp(p, 0.05, 3, dtype=torch.float64) for p in parts])
     assert not torch.allclose(alone, one, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------
+# every epsilon > 0 gives finite codes (issue 12): before the log-domain fallback, unit
+# vector scores gave NaN for eps <= ~3e-9 (fp32) / ~1e-20 (fp64) and raised near 1e-40
+# --------------------------------------------------------------------------------------
+EPSILONS = [10.0 ** -e for e in (0.5, 1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 30, 38, 40, 45, 100, 300)]
+EPSILONS += [5e-324]  # the smallest positive double
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("B,K,D", [(64, 16, 32), (96, 700, 3), (300, 8, 2)])
+def test_codes_finite_for_every_epsilon(dtype, B, K, D):
+    """Property sweep: scores in [-1, 1] (unit vectors; D=2/3 spread them over the whole
+    range), every epsilon from 0.3 down to the smallest double: finite codes, rows
+    summing to 1, equal to the exact iterates (float64 log domain) on the same scores."""
+    from vissl_swav_plugin.sinkhorn import _log_domain_iterates
+
+    s = cosine_scores(B, K, D=D, seed=B).to(dtype)
+    for eps in EPSILONS:
+        q = sinkhorn_knopp(s, eps, 3, dtype=dtype)
+        assert q.dtype == dtype and torch.isfinite(q).all(), eps
+        assert torch.allclose(q.sum(1), torch.ones(B, dtype=dtype), atol=1e-5), eps
+        exact = _log_domain_iterates(s, eps, 3, False, None, B)
+        tol = 2e-6 if dtype == torch.float32 else 1e-9
+        assert (q.double() - exact).abs().max() < tol, eps
+        hard = sinkhorn_knopp(s, eps, 3, dtype=dtype, hard=True)
+        assert torch.equal(hard.sum(1), torch.ones(B, dtype=dtype)), eps
+
+
+def test_log_domain_equals_scaling_form_in_range():
+    """Where both apply, the fallback computes the paper's iterates too."""
+    from vissl_swav_plugin.sinkhorn import _log_domain_iterates
+
+    s = cosine_scores(64, 30)
+    assert torch.allclose(_log_domain_iterates(s, 0.05, 3, False, None, 64), paper_sinkhorn(s.clone(), 0.05, 3),
+                          atol=1e-12, rtol=0)
+
+
+def _tiny_eps_worker(rank, parts):
+    return sinkhorn_knopp(parts[rank], 1e-30, 3, dtype=torch.float64)
+
+
+def test_two_processes_equal_one_process_in_the_log_domain():
+    s = cosine_scores(40, 25, seed=6, D=3)
+    parts = [s[:24].clone(), s[24:].clone()]
+    two = torch.cat(run_gloo_workers(_tiny_eps_worker, (parts,)))
+    one = sinkhorn_knopp(s, 1e-30, 3, dtype=torch.float64)
+    assert torch.isfinite(two).all() and torch.allclose(two, one, atol=1e-12)

@@ -29,6 +29,7 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.progress",
     "vissl_swav_plugin.online_knn",
     "vissl_swav_plugin.collapse",
+    "vissl_swav_plugin.config_checks",
 ]
 
 _lock = threading.RLock()

@@ -15,8 +15,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from vissl_swav_plugin.config_checks import check_clusters_fit_dataset
 from vissl_swav_plugin.config_validation import (
     ConfigError,
+    check_known_keys,
     require_int,
     require_int_list,
     require_positive_number,
@@ -46,6 +48,7 @@ def infer_clustering_loss_config(cfg, loss_cls):
     loss_name = loss_cls.LOSS_NAME
     prefix = f"LOSS.{loss_name}"
     lc = cfg.LOSS[loss_name]
+    check_known_keys(lc, loss_cls.known_config_keys(), f"config.{prefix}")
     heads = cfg.MODEL.HEAD.PARAMS
     if not heads:
         raise ConfigError(f"config.MODEL.HEAD.PARAMS is empty; {prefix} needs a projection head")
@@ -81,6 +84,7 @@ def infer_clustering_loss_config(cfg, loss_cls):
     if "num_train_samples" not in lc:
         lc.num_train_samples = -1  # filled in by VISSL from the training dataset
     loss_cls.validate_method_config(lc, prefix)
+    check_clusters_fit_dataset(cfg, loss_name)
     return cfg
 
 
@@ -93,7 +97,19 @@ class ClusteringChecksMixin:
     ``_choice`` readers serve the methods' own keys.
     """
 
+    #: keys of ``LOSS.<name>`` read by every memory-bank clustering loss
+    BASE_CONFIG_KEYS = ("num_train_samples", "temperature", "num_clusters", "embedding_dim", "crops_for_mb",
+                        "init_memory_pass", "output_dir", "name")
+    #: the method's own keys (a subclass lists every key it reads, or they are rejected)
+    METHOD_CONFIG_KEYS: Tuple[str, ...] = ()
+
     # ------------------------------------------------------------------ composing
+    @classmethod
+    def known_config_keys(cls) -> set:
+        """Every key of ``LOSS.<name>`` this loss reads; any other key is a
+        :class:`ConfigError` when the config is composed (with the closest known key)."""
+        return set(cls.BASE_CONFIG_KEYS) | set(cls.METHOD_CONFIG_KEYS)
+
     @classmethod
     def check_head_config(cls, head_name: str, has_prototypes: bool, prefix: str) -> None:
         """Raise :class:`ConfigError` if the method cannot train with this head (accepts all)."""

@@ -68,7 +68,7 @@ import torch
 
 from vissl_swav_plugin import distributed as D
 from vissl_swav_plugin.collapse_report import collapse_message, epoch_line, run_context
-from vissl_swav_plugin.config_validation import ConfigError, register_config_check
+from vissl_swav_plugin.config_validation import ConfigError, check_known_keys, register_config_check
 from vissl_swav_plugin.hooks import NoOpHook, register_monitor_hooks
 
 #: the losses whose runs get a detector
@@ -99,9 +99,7 @@ def detector_settings(cfg) -> dict:
     """
     key = "config.HOOKS.COLLAPSE_DETECTOR"
     user = (cfg.get("HOOKS") or {}).get("COLLAPSE_DETECTOR") or {}
-    unknown = sorted(set(user) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"{key}.{unknown[0]} is not a key of the collapse detector; keys: {sorted(DEFAULTS)}")
+    check_known_keys(user, DEFAULTS, key)
     s = {**DEFAULTS, **dict(user)}
     if not isinstance(s["ENABLED"], bool):
         raise ConfigError(f"{key}.ENABLED must be true or false, got {s['ENABLED']!r}")

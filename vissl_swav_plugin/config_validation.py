@@ -8,8 +8,9 @@ names runs too; it also *validates*: a wrong value raises :class:`ConfigError` n
 full key (``config.LOSS.swav_plugin_loss.epsilon must be > 0, got 0``) before any process
 is started.
 """
+import difflib
 import numbers
-from typing import Callable, Dict, List
+from typing import Callable, Dict, Iterable, List, Optional
 
 _INFERENCE: Dict[str, Callable] = {}
 _CROP_COUNTERS: Dict[str, Callable] = {}
@@ -105,8 +106,62 @@ def require_int_list(value, key, minimum=0, nonempty=True):
             raise ConfigError(f"config.{key} must contain integers >= {minimum}, got {value!r}")
 
 
+# -- unknown keys: one helper for every section of ours ------------------------------------
+def closest_key(key, known: Iterable[str]) -> Optional[str]:
+    """The known key closest to ``key`` (``difflib``, case-insensitive), or None.
+
+    Example::
+
+        closest_key("temprature", ["temperature", "epsilon"])  # -> "temperature"
+    """
+    by_lower = {str(k).lower(): k for k in known}
+    match = difflib.get_close_matches(str(key).lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[match[0]] if match else None
+
+
+def check_known_keys(block, known: Iterable[str], path: str, error=None) -> None:
+    """Reject the keys of ``block`` that are not in ``known`` (a typo would otherwise be
+    ignored silently and its default used).
+
+    Args:
+        block: a mapping (the config section) or None (nothing to check).
+        known: every key the section's consumer reads (its known-keys table).
+        path: the section's full key path as printed, e.g. ``config.LOSS.swav_plugin_loss``.
+        error: exception class to raise (default :class:`ConfigError`).
+
+    Raises:
+        ``error``: naming every unknown key by full path, each with the closest known key,
+            e.g. ``config.LOSS.swav_plugin_loss.temprature: unknown key 'temprature' (did
+            you mean 'temperature'?); known keys: [...]``.
+    """
+    if block is None:
+        return
+    known = sorted(str(k) for k in known)
+    unknown = sorted(str(k) for k in block if str(k) not in known)
+    if not unknown:
+        return
+    parts = []
+    for key in unknown:
+        near = closest_key(key, known)
+        parts.append(f"{path}.{key}: unknown key '{key}'" + (f" (did you mean '{near}'?)" if near else ""))
+    raise (error or ConfigError)(f"{'; '.join(parts)}; known keys: {known}")
+
+
+def swav_loss_known_keys():
+    """``(known keys of LOSS.swav_plugin_loss, known keys of its queue block)``: the run
+    time's own tables (``swav_loss.REQUIRED_KEYS``, ``DEFAULTS``, ``QUEUE_DEFAULTS``), plus
+    ``queue`` and ``name`` (which Classy Vision's ``build_loss`` adds to the block)."""
+    from vissl_swav_plugin.swav_loss import DEFAULTS, QUEUE_DEFAULTS, REQUIRED_KEYS
+
+    return set(REQUIRED_KEYS) | set(DEFAULTS) | {"queue", "name"}, set(QUEUE_DEFAULTS)
+
+
 def validate_swav_loss_config(lc, prefix="LOSS.swav_plugin_loss"):
-    """Checks on the loss config itself (also used by the loss's ``from_config``)."""
+    """Checks on the loss config itself (also used by the loss's ``from_config``): no
+    unknown key (its queue block included), then every value."""
+    known, queue_known = swav_loss_known_keys()
+    check_known_keys(lc, known, f"config.{prefix}")
+    check_known_keys(lc.get("queue") or {}, queue_known, f"config.{prefix}.queue")
     require_positive_number(lc.get("temperature"), f"{prefix}.temperature")
     require_positive_number(lc.get("epsilon"), f"{prefix}.epsilon")
     require_int(lc.get("num_iters"), f"{prefix}.num_iters", minimum=1)
@@ -242,9 +297,7 @@ def hook_block(cfg, name, defaults, checks):
         block = {}
     if not hasattr(block, "items"):
         raise ConfigError(f"config.HOOKS.{name} must be a mapping of settings, got {block!r}")
-    unknown = sorted(set(block) - set(defaults))
-    if unknown:
-        raise ConfigError(f"config.HOOKS.{name}.{unknown[0]} is not a known key (known: {', '.join(defaults)})")
+    check_known_keys(block, defaults, f"config.HOOKS.{name}")
     out = {k: block.get(k, v) for k, v in defaults.items()}
     for key, check in checks.items():
         check(out[key], f"HOOKS.{name}.{key}")

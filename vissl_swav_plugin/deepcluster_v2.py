@@ -63,6 +63,7 @@ class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
     """
 
     LOSS_NAME = "deepclusterv2_plugin_loss"
+    METHOD_CONFIG_KEYS = ("kmeans_iters", "kmeans_init", "kmeans_dtype", "seed")
     STATE_BUFFERS = ("centroids",)  # checkpointed with the loss
 
     def __init__(self, loss_config):

@@ -15,6 +15,8 @@ from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
+from vissl_swav_plugin.config_validation import ConfigError, check_known_keys
+
 TRANSFORM_NAME = "multicrop_plugin"
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -53,8 +55,9 @@ REQUIRED_KEYS = ("num_crops", "size_crops", "crop_scales")
 Pair = Tuple[float, float]
 
 
-class MultiCropConfigError(ValueError):
-    """A ``multicrop_plugin`` parameter is wrong; the message names the key."""
+class MultiCropConfigError(ConfigError):
+    """A ``multicrop_plugin`` parameter is wrong; the message names the key (a
+    :class:`~vissl_swav_plugin.config_validation.ConfigError`, hence a ``ValueError``)."""
 
 
 class MultiCropParams(NamedTuple):
@@ -251,7 +254,7 @@ def validate_params(
     )
 
 
-def check_config_keys(config: Mapping[str, Any]) -> dict:
+def check_config_keys(config: Mapping[str, Any], path: str = TRANSFORM_NAME) -> dict:
     """The keyword arguments of a ``multicrop_plugin`` config entry.
 
     Drops ``name`` and ``indices`` (the latter is handled by VISSL's
@@ -259,22 +262,20 @@ def check_config_keys(config: Mapping[str, Any]) -> dict:
 
     Args:
         config: the transform's entry of ``DATA.*.TRANSFORMS``.
+        path: how errors name the entry, e.g. ``config.DATA.TRAIN.TRANSFORMS[0]``.
 
     Returns:
         A new dict of the remaining keys, ready for ``MultiCropPlugin(**kwargs)``.
 
     Raises:
-        MultiCropConfigError: listing the unknown keys, or naming a missing required key.
+        MultiCropConfigError: naming each unknown key (with the closest known one) or a
+            missing required key.
     """
     config = dict(config)
     config.pop("name", None)
     config.pop("indices", None)  # handled by VISSL's SSLTransformsWrapper
-    unknown = sorted(set(config) - KNOWN_KEYS)
-    if unknown:
-        raise MultiCropConfigError(
-            f"{TRANSFORM_NAME}: unknown key(s) {unknown}; known keys: {sorted(KNOWN_KEYS)}"
-        )
+    check_known_keys(config, KNOWN_KEYS, path, MultiCropConfigError)
     for key in REQUIRED_KEYS:
         if key not in config:
-            raise _err(key, "is required")
+            raise MultiCropConfigError(f"{path}: '{key}' is required")
     return config

@@ -33,9 +33,12 @@ from vissl_swav_plugin.nonfinite import NonFiniteLossError, raise_non_finite  # 
 
 LOSS_NAME = "swav_plugin_loss"
 
-#: Optional keys of ``LOSS.swav_plugin_loss`` and their defaults (the same in validation and
-#: at run time).  The required keys are ``temperature``, ``epsilon``, ``num_iters``,
-#: ``crops_for_assign``, ``num_crops``, ``num_prototypes`` and ``embedding_dim``.
+#: Required keys of ``LOSS.swav_plugin_loss`` (``num_crops``, ``num_prototypes`` and
+#: ``embedding_dim`` are inferred when the config is composed).
+REQUIRED_KEYS = ("temperature", "epsilon", "num_iters", "crops_for_assign", "num_crops", "num_prototypes",
+                 "embedding_dim")
+#: Optional keys of ``LOSS.swav_plugin_loss`` and their defaults (the same table in
+#: validation and at run time; with :data:`REQUIRED_KEYS` and ``queue`` the known keys).
 DEFAULTS = {
     "use_double_precision": False,
     "hard_assignment": False,

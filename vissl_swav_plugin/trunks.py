@@ -50,6 +50,8 @@ from vissl.models.model_helpers import (
 )
 from vissl.models.trunks import register_model_trunk
 
+from vissl_swav_plugin.config_validation import ConfigError, check_known_keys
+
 TRUNK_NAME = "resnet_small_plugin"  # the ``MODEL.TRUNK.NAME`` this module registers
 CONFIG_KEY = "RESNET_SMALL_PLUGIN"  # its section under ``MODEL.TRUNK``
 
@@ -80,8 +82,9 @@ FEAT_EVAL_MAPPING = {
 }
 
 
-class TrunkConfigError(ValueError):
-    """A ``MODEL.TRUNK.RESNET_SMALL_PLUGIN`` value is wrong; the message names the key."""
+class TrunkConfigError(ConfigError):
+    """A ``MODEL.TRUNK.RESNET_SMALL_PLUGIN`` value is wrong; the message names the key (a
+    :class:`~vissl_swav_plugin.config_validation.ConfigError`, hence a ``ValueError``)."""
 
 
 def _key(name):
@@ -116,11 +119,7 @@ def resolve_params(model_config) -> dict:
     """
     trunk = model_config["TRUNK"] if model_config is not None else {}
     user = trunk.get(CONFIG_KEY, None) or {}
-    unknown = sorted(set(user) - set(DEFAULTS))
-    if unknown:
-        raise TrunkConfigError(
-            f"config.MODEL.TRUNK.{CONFIG_KEY}: unknown key(s) {unknown}; known: {sorted(DEFAULTS)}"
-        )
+    check_known_keys(user, DEFAULTS, f"config.MODEL.TRUNK.{CONFIG_KEY}", TrunkConfigError)
     p = dict(DEFAULTS)
     p.update(dict(user))
     if p["LAYERS"] is not None:

@@ -1,0 +1,264 @@
+"""Run-wide config checks, made when a launcher composes the config (issue 12).
+
+Each check below is registered with
+:func:`~vissl_swav_plugin.config_validation.register_config_check`, so it runs in the
+launching process right after the losses' inference, before any worker starts.  A wrong
+setting raises :class:`~vissl_swav_plugin.config_validation.ConfigError` naming the key
+and the values involved; a setting that can never act is logged with ``logging.warning``.
+
+* heads: unknown keys of the entries of ``MODEL.HEAD.PARAMS`` built by this plugin, and
+  of VISSL's ``swav_head`` under one of our losses (the known keys are the head
+  constructor's parameters); the first head's ``dims[0]`` must equal the trunk's output
+  dimension (:func:`trunk_output_dim`);
+* ``multicrop_plugin`` transforms: unknown keys and every parameter, as the workers
+  would check them ~15 s later;
+* ``DATA.TRAIN.BATCHSIZE_PER_REPLICA`` >= 1, and at least one iteration per epoch when the
+  dataset size is known here (:func:`train_dataset_size`);
+* settings that never act: a SwAV queue from ``queue.start_epoch >= num_epochs``,
+  ``freeze_prototypes_niters >=`` the run's iterations (warnings); DeepCluster-v2 /
+  SeLa-v2 with more clusters than training samples (an error).
+"""
+import inspect
+import logging
+import math
+import os
+from typing import Optional
+
+from vissl_swav_plugin.config_validation import (
+    ConfigError,
+    check_known_keys,
+    register_config_check,
+    world_size_of,
+)
+
+#: VISSL's ResNe(X)t output (``flatten`` / ``res5avg``) per unit of WIDTH_MULTIPLIER
+RESNET_OUT_DIM = 2048
+RESNET_DEPTHS = (50, 101, 152, 200)
+#: heads whose ``dims[0]`` is the size of the trunk features they take
+DIMS_FIRST_HEADS = ("swav_plugin_head", "deepclusterv2_plugin_head", "swav_head", "mlp")
+#: torchvision's ImageFolder extensions (VISSL's disk_folder source)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _is_ours(cls) -> bool:
+    """Whether a registered class comes from this plugin."""
+    return getattr(cls, "__module__", "").startswith("vissl_swav_plugin.")
+
+
+def constructor_keys(cls):
+    """The keyword parameters of ``cls(model_config, ...)`` (VISSL passes a head's
+    ``MODEL.HEAD.PARAMS`` entry as keywords after ``model_config``), or None when it takes
+    ``**kwargs`` (any key accepted).
+
+    Example::
+
+        constructor_keys(SwAVPluginHead)  # {"dims", "num_clusters", "use_bn", ...}
+    """
+    params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # self, model_config
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+@register_config_check
+def check_head_keys(cfg) -> None:
+    """Unknown keys of every ``MODEL.HEAD.PARAMS`` entry built by this plugin, and of
+    VISSL's heads when the loss is one of ours (a typo such as ``normalise_feats`` would
+    otherwise reach the head's constructor in every worker, or be ignored)."""
+    from classy_vision.losses import LOSS_REGISTRY
+    from vissl.models.heads import MODEL_HEADS_REGISTRY
+
+    our_loss = _is_ours(LOSS_REGISTRY.get(cfg.LOSS.name))
+    for i, entry in enumerate(cfg.MODEL.HEAD.PARAMS or []):
+        if not isinstance(entry, (list, tuple)) or len(entry) < 2 or not hasattr(entry[1], "keys"):
+            continue
+        cls = MODEL_HEADS_REGISTRY.get(entry[0])
+        if cls is None or not (_is_ours(cls) or our_loss):
+            continue
+        known = constructor_keys(cls)
+        if known is not None:
+            check_known_keys(entry[1], known, f"config.MODEL.HEAD.PARAMS[{i}] ({entry[0]})")
+
+
+def trunk_output_dim(model_cfg) -> Optional[int]:
+    """The trunk's output dimension (its ``flatten`` feature, what the first head takes),
+    or None when unknown: ``2048 * WIDTH_MULTIPLIER`` for VISSL's ``resnet`` (depth 50, 101,
+    152, 200: bottleneck blocks), ``8 * WIDTH`` for ``resnet_small_plugin``."""
+    trunk = model_cfg.TRUNK
+    if trunk.NAME == "resnet":
+        res = trunk.get("RESNETS") or {}
+        if res.get("DEPTH") in RESNET_DEPTHS and isinstance(res.get("WIDTH_MULTIPLIER", 1), int):
+            return RESNET_OUT_DIM * int(res.get("WIDTH_MULTIPLIER", 1))
+        return None
+    from vissl_swav_plugin import trunks
+
+    if trunk.NAME == trunks.TRUNK_NAME:
+        return trunks.output_dim(model_cfg)  # also rejects a bad RESNET_SMALL_PLUGIN block
+    return None
+
+
+@register_config_check
+def check_head_input_dim(cfg) -> None:
+    """The first head's ``dims[0]`` must be the trunk's output dimension (else: a bare
+    shape error at the first forward, in every worker)."""
+    model = cfg.MODEL
+    out = trunk_output_dim(model)
+    heads = model.HEAD.PARAMS or []
+    if out is None or not heads or (model.get("FEATURE_EVAL_SETTINGS") or {}).get("EVAL_MODE_ON", False):
+        return
+    name, params = heads[0][0], heads[0][1] if len(heads[0]) > 1 else {}
+    dims = params.get("dims") if hasattr(params, "get") else None
+    if name in DIMS_FIRST_HEADS and isinstance(dims, (list, tuple)) and dims and dims[0] != out:
+        raise ConfigError(
+            f"config.MODEL.HEAD.PARAMS[0] ({name}) dims[0]={dims[0]!r} but the trunk "
+            f"MODEL.TRUNK.NAME={model.TRUNK.NAME} outputs {out} features ({_trunk_note(model.TRUNK)}); "
+            f"set dims[0] to {out}"
+        )
+
+
+def _trunk_note(trunk) -> str:
+    """How the trunk's output dimension follows from its config, for messages."""
+    if trunk.NAME == "resnet":
+        return f"{RESNET_OUT_DIM} x RESNETS.WIDTH_MULTIPLIER={trunk.RESNETS.get('WIDTH_MULTIPLIER', 1)}"
+    return "8 x RESNET_SMALL_PLUGIN.WIDTH"
+
+
+@register_config_check
+def check_multicrop_transforms(cfg) -> None:
+    """Every ``multicrop_plugin`` entry of ``DATA.{TRAIN,TEST}.TRANSFORMS``: its keys and
+    values, with the defaults of ``MultiCropPlugin`` itself (its signature), as the
+    dataloader workers would build it."""
+    from vissl_swav_plugin.multicrop import MultiCropPlugin
+    from vissl_swav_plugin.multicrop_config import TRANSFORM_NAME, check_config_keys, validate_params
+
+    for split in ("TRAIN", "TEST"):
+        for i, t in enumerate((cfg.DATA.get(split) or {}).get("TRANSFORMS") or []):
+            if not hasattr(t, "get") or t.get("name") != TRANSFORM_NAME:
+                continue
+            path = f"config.DATA.{split}.TRANSFORMS[{i}]"
+            kwargs = check_config_keys(t, path)
+            bound = inspect.signature(MultiCropPlugin).bind(**kwargs)
+            bound.apply_defaults()
+            try:
+                validate_params(**bound.arguments)
+            except ConfigError as e:
+                raise type(e)(f"{path}: {e}") from None
+
+
+def train_dataset_size(cfg) -> Optional[int]:
+    """The number of training samples, when it is known before the run: ``DATA_LIMIT``
+    (>= 0, VISSL's length then), else the first source's size for ``synthetic`` (VISSL's
+    50,000), ``disk_folder`` (images under ``DATA_PATHS[0]``, ImageFolder layout) and
+    ``disk_filelist`` (entries of a ``.npy`` file list); None otherwise or when the path is
+    unusable or empty (the dataset checks report it, naming the path)."""
+    data = cfg.DATA.TRAIN
+    limit = data.get("DATA_LIMIT", -1)
+    if isinstance(limit, int) and limit >= 0:
+        return limit
+    sources, paths = list(data.get("DATA_SOURCES") or []), list(data.get("DATA_PATHS") or [])
+    if not sources:
+        return None
+    if sources[0] == "synthetic":
+        from vissl.data.synthetic_dataset import SyntheticImageDataset
+
+        return SyntheticImageDataset.DEFAULT_SIZE
+    if not paths or not isinstance(paths[0], str):
+        return None
+    if sources[0] == "disk_folder" and os.path.isdir(paths[0]):
+        return _count_images(paths[0]) or None  # none: the dataset checks name the folder
+    if sources[0] == "disk_filelist" and paths[0].endswith(".npy") and os.path.isfile(paths[0]):
+        import numpy as np
+
+        try:
+            return int(len(np.load(paths[0], mmap_mode="r", allow_pickle=False))) or None
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def _count_images(root: str) -> int:
+    """Images in the class folders of an ImageFolder ``root`` (as torchvision counts)."""
+    n = 0
+    for entry in os.scandir(root):
+        if entry.is_dir():
+            for _, _, files in os.walk(entry.path, followlinks=True):
+                n += sum(f.lower().endswith(IMAGE_EXTENSIONS) for f in files)
+    return n
+
+
+def samples_per_process(cfg, num_samples: int) -> int:
+    """Training samples each process gets per epoch: VISSL's sampler gives ``ceil(N /
+    world)`` (torch's DistributedSampler pads), ``floor`` with the stateful sampler."""
+    world = world_size_of(cfg)
+    if cfg.DATA.TRAIN.get("USE_STATEFUL_DISTRIBUTED_SAMPLER"):
+        return num_samples // world
+    return math.ceil(num_samples / world)
+
+
+def iterations_per_epoch(cfg, num_samples: int) -> int:
+    """Training iterations per epoch for ``num_samples`` samples: each process's share
+    (:func:`samples_per_process`) in batches of ``BATCHSIZE_PER_REPLICA``, the last partial
+    batch dropped with ``DROP_LAST``."""
+    per, bs = samples_per_process(cfg, num_samples), int(cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA)
+    return per // bs if cfg.DATA.TRAIN.get("DROP_LAST", False) else math.ceil(per / bs)
+
+
+@register_config_check
+def check_batches(cfg) -> None:
+    """``BATCHSIZE_PER_REPLICA`` >= 1 and, when the dataset size is known, at least one
+    training iteration per epoch."""
+    if cfg.get("TEST_ONLY", False):
+        return
+    bs = cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA
+    if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
+        raise ConfigError(f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA must be an integer >= 1, got {bs!r}")
+    n = train_dataset_size(cfg)
+    if n is not None and iterations_per_epoch(cfg, n) == 0:
+        raise ConfigError(
+            f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={bs} is larger than the {n} training samples "
+            f"split over {world_size_of(cfg)} processes ({samples_per_process(cfg, n)} each"
+            f"{', DROP_LAST=True' if cfg.DATA.TRAIN.get('DROP_LAST', False) else ''}): no training iteration; "
+            "lower the batch size or the number of processes, or use more data"
+        )
+
+
+@register_config_check
+def check_settings_that_never_act(cfg) -> None:
+    """Warn about SwAV settings that the run never reaches: the queue from epoch
+    ``queue.start_epoch >= num_epochs``, prototypes frozen for ``freeze_prototypes_niters
+    >=`` every iteration of the run (when the dataset size is known)."""
+    if cfg.LOSS.name != "swav_plugin_loss" or cfg.get("TEST_ONLY", False):
+        return
+    from vissl_swav_plugin.swav_loss import DEFAULTS, QUEUE_DEFAULTS
+
+    lc, key = cfg.LOSS.swav_plugin_loss, "config.LOSS.swav_plugin_loss"
+    epochs = int(cfg.OPTIMIZER.num_epochs)
+    q = lc.get("queue") or {}
+    start = q.get("start_epoch", QUEUE_DEFAULTS["start_epoch"])
+    if q.get("queue_length", QUEUE_DEFAULTS["queue_length"]) > 0 and start >= epochs:
+        logging.warning(
+            f"{key}.queue.start_epoch={start} >= config.OPTIMIZER.num_epochs={epochs}: the queue "
+            f"(queue_length={q.get('queue_length')}) is never used (epochs are numbered from 0)"
+        )
+    freeze = lc.get("freeze_prototypes_niters", DEFAULTS["freeze_prototypes_niters"])
+    n = train_dataset_size(cfg)
+    if freeze > 0 and n is not None:
+        total = epochs * iterations_per_epoch(cfg, n)
+        if freeze >= total:
+            logging.warning(
+                f"{key}.freeze_prototypes_niters={freeze} >= the {total} iterations of the run "
+                f"({epochs} epochs x {total // max(epochs, 1)} iterations of {n} samples): the prototypes "
+                "are never trained"
+            )
+
+
+def check_clusters_fit_dataset(cfg, loss_name: str) -> None:
+    """``LOSS.<loss_name>.num_clusters`` must not exceed the training samples when their
+    number is known now (k-means / equipartition over fewer samples than clusters)."""
+    n = train_dataset_size(cfg)
+    clusters = list(cfg.LOSS[loss_name].get("num_clusters") or [])
+    if n is not None and clusters and max(clusters) > n:
+        raise ConfigError(
+            f"config.LOSS.{loss_name}.num_clusters={clusters} has {max(clusters)} clusters but the "
+            f"training set has {n} samples (config.DATA.TRAIN): at most {n} clusters can be non-empty"
+        )
