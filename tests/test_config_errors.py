@@ -122,7 +122,7 @@ def test_the_run_time_reads_only_known_keys(config, name):
     cls = LOSS_REGISTRY[name]
     cls(lc)
     if name == "swav_plugin_loss":
-        from vissl_swav_plugin.config_validation import swav_loss_known_keys
+        from vissl_swav_plugin.swav_config import swav_loss_known_keys
 
         known = swav_loss_known_keys()[0]
     else:

@@ -18,6 +18,7 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.compat",
     "vissl_swav_plugin.config_validation",
     "vissl_swav_plugin.dataset_stats",
+    "vissl_swav_plugin.swav_config",
     "vissl_swav_plugin.swav_loss",
     "vissl_swav_plugin.heads",
     "vissl_swav_plugin.hooks",

@@ -229,7 +229,7 @@ def check_settings_that_never_act(cfg) -> None:
     >=`` every iteration of the run (when the dataset size is known)."""
     if cfg.LOSS.name != "swav_plugin_loss" or cfg.get("TEST_ONLY", False):
         return
-    from vissl_swav_plugin.swav_loss import DEFAULTS, QUEUE_DEFAULTS
+    from vissl_swav_plugin.swav_config import DEFAULTS, QUEUE_DEFAULTS
 
     lc, key = cfg.LOSS.swav_plugin_loss, "config.LOSS.swav_plugin_loss"
     epochs = int(cfg.OPTIMIZER.num_epochs)

@@ -26,7 +26,7 @@ import torch
 from classy_vision.hooks.classy_hook import ClassyHook
 
 from vissl_swav_plugin.heads import find_prototype_layers, normalize_prototypes_, prototype_parameters
-from vissl_swav_plugin.swav_loss import DEFAULTS, QUEUE_DEFAULTS
+from vissl_swav_plugin.swav_config import DEFAULTS, QUEUE_DEFAULTS
 
 
 _LOSS_HOOK_FACTORIES: Dict[str, Callable] = {}

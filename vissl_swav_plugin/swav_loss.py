@@ -31,28 +31,13 @@ from vissl_swav_plugin.precision import autocast_disabled, compute_dtype
 from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
 from vissl_swav_plugin.nonfinite import NonFiniteLossError, raise_non_finite  # noqa: F401 (re-export)
 
-LOSS_NAME = "swav_plugin_loss"
-
-#: Required keys of ``LOSS.swav_plugin_loss`` (``num_crops``, ``num_prototypes`` and
-#: ``embedding_dim`` are inferred when the config is composed).
-REQUIRED_KEYS = ("temperature", "epsilon", "num_iters", "crops_for_assign", "num_crops", "num_prototypes",
-                 "embedding_dim")
-#: Optional keys of ``LOSS.swav_plugin_loss`` and their defaults (the same table in
-#: validation and at run time; with :data:`REQUIRED_KEYS` and ``queue`` the known keys).
-DEFAULTS = {
-    "use_double_precision": False,
-    "hard_assignment": False,
-    "temp_hard_assignment_iters": 0,
-    "distributed_sinkhorn": True,
-    "normalize_prototypes": True,
-    "freeze_prototypes_niters": 0,
-    "output_dir": ".",
-}
-#: Keys of ``LOSS.swav_plugin_loss.queue`` and their defaults.  ``use_before_full: False``
-#: is the official implementation's behaviour (the queue is scored only once it is full);
-#: ``True`` scores the valid part of a queue that is still filling.
-QUEUE_DEFAULTS = {"queue_length": 0, "start_epoch": 0, "local_queue_length": 0, "use_before_full": False}
-
+from vissl_swav_plugin.swav_config import (  # noqa: F401  (the loss's key tables, re-exported)
+    DEFAULTS,
+    LOSS_NAME,
+    QUEUE_DEFAULTS,
+    REQUIRED_KEYS,
+    validate_swav_loss_config,
+)
 
 def swapped_prediction_loss(
     scores: torch.Tensor,
@@ -233,8 +218,6 @@ class SwAVPluginLoss(ClassyLoss):
 
     @classmethod
     def from_config(cls, loss_config):
-        from vissl_swav_plugin.config_validation import validate_swav_loss_config
-
         validate_swav_loss_config(loss_config, prefix=f"LOSS.{LOSS_NAME}")
         return cls(loss_config)
 
