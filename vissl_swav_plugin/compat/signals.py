@@ -103,15 +103,14 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _reap() -> None:
-    """Collect exited children (orphans adopted as sub-reaper included)."""
-    while True:
+def _reap(pids) -> None:
+    """Collect those of ``pids`` that exited and are our children (orphans adopted as
+    sub-reaper included); other children's exit statuses are left to their owners."""
+    for pid in pids:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            pass
 
 
 def _signal_all(procs: dict, sig) -> None:
@@ -141,23 +140,32 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def stop_processes(grace_s: float = GRACE_S) -> int:
+def _run_processes(me: int, keep: dict) -> dict:
+    return {p: s for p, s in _descendants(me).items()
+            if keep.get(p) != s and b"resource_tracker" not in _cmdline(p)}
+
+
+def stop_processes(grace_s: float = GRACE_S, keep=None) -> int:
     """Stop every process this one started (and orphans it adopted): SIGTERM, then after
     ``grace_s`` seconds SIGKILL.  multiprocessing's resource tracker is left to exit by
-    itself (it cleans up shared memory when the others are gone).  Returns the number of
-    processes that were running."""
-    me = os.getpid()
-    procs = {p: s for p, s in _descendants(me).items() if b"resource_tracker" not in _cmdline(p)}
-    procs = _alive(procs)
+    itself (it cleans up shared memory when the others are gone).
+
+    Args:
+        grace_s: seconds between SIGTERM and SIGKILL.
+        keep: ``{pid: start time}`` of processes to leave alone (those that existed before
+            the launch, e.g. in a notebook that calls ``launch_distributed``).
+    Returns:
+        The number of processes that were running."""
+    me, keep = os.getpid(), keep or {}
+    procs = _alive(_run_processes(me, keep))
     if not procs:
-        _reap()
         return 0
     _signal_all(procs, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        _reap()
+        _reap(list(procs))
         # processes started meanwhile (a worker being forked) are stopped too
-        procs.update({p: s for p, s in _descendants(me).items() if b"resource_tracker" not in _cmdline(p)})
+        procs.update(_run_processes(me, keep))
         left = _alive(procs)
         if not left:
             break
@@ -165,7 +173,7 @@ def stop_processes(grace_s: float = GRACE_S) -> int:
         time.sleep(0.2)
     _signal_all(_alive(procs), signal.SIGKILL)
     time.sleep(0.2)
-    _reap()
+    _reap(list(procs))
     return len(procs)
 
 
@@ -250,7 +258,7 @@ def _launch_distributed(cfg, node_id, engine_name, hook_generator, *args, **kwar
     SIGHUP and never leaves a process of the run behind (see the module docstring)."""
     from vissl.utils import distributed_launcher as dl
 
-    start = _stat(os.getpid())
+    start, keep = _stat(os.getpid()), _descendants(os.getpid())
     os.environ[LAUNCHER_ENV] = f"{os.getpid()}:{start[1] if start else ''}"
     _become_subreaper()
     main = threading.current_thread() is threading.main_thread()
@@ -266,7 +274,7 @@ def _launch_distributed(cfg, node_id, engine_name, hook_generator, *args, **kwar
     except LauncherStopped as stop:
         for sig in before:  # a second Ctrl-C must not interrupt the clean-up
             signal.signal(sig, signal.SIG_IGN)
-        n = stop_processes()
+        n = stop_processes(keep=keep)
         code = 128 + stop.signum
         logging.error(f"Launcher {stop}: stopped {n} process(es) of the run (training ranks, forkservers, "
                       f"DataLoader workers); exit code {code}. The run did NOT finish.")
@@ -274,7 +282,7 @@ def _launch_distributed(cfg, node_id, engine_name, hook_generator, *args, **kwar
     finally:
         for sig in before:
             signal.signal(sig, signal.SIG_IGN)
-        stop_processes()  # orphans of a failed rank, adopted as sub-reaper
+        stop_processes(keep=keep)  # orphans of a failed rank, adopted as sub-reaper
         for sig, handler in before.items():
             signal.signal(sig, handler)
 
