@@ -7,7 +7,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from conftest import STOCK_LAUNCHER, launcher_env
+from conftest import HANG_S, STOCK_LAUNCHER, launcher_env
 
 
 class Run:
@@ -15,7 +15,7 @@ class Run:
         self.returncode, self.stdout = returncode, stdout
 
 
-def run_failing_launcher(overrides, cwd, env=None, timeout=600):
+def run_failing_launcher(overrides, cwd, env=None, timeout=HANG_S):
     """VISSL's stock launcher in its own session, output to a file; afterwards every
     process left in that session is killed.  When one rank fails, torch's spawn SIGTERMs
     the other, and that rank's forkserver and DataLoader worker then keep each other alive

@@ -316,3 +316,75 @@ def test_corrupt_image_stops_a_real_run_naming_the_file(tmp_path):
     assert proc.returncode != 0
     assert "BadImageError" in proc.stdout and f"cannot read image file {bad}" in proc.stdout
     assert "DataLoader worker" in proc.stdout  # raised in a worker, re-raised in training
+
+
+# --------------------------------------------------------------------------------------
+# corrupt checkpoints: SHA-256 written with every checkpoint, checked at every load
+# --------------------------------------------------------------------------------------
+def _write_with_vissl_writer(folder, phase):
+    from vissl.utils.checkpoint import CheckpointWriter
+
+    content = {"phase_idx": phase, "iteration": phase, "iteration_num": phase, "train_phase_idx": phase,
+               "classy_state_dict": {"w": torch.full((64, 64), float(phase))}}
+    CheckpointWriter(str(folder), False, "phase", phase, "disk").save_consolidated_checkpoint(content)
+    return folder / f"model_phase{phase}.torch"
+
+
+def flip_middle_bytes(path, n=16):
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + n] = bytes(b ^ 0xFF for b in data[mid:mid + n])
+    path.write_bytes(bytes(data))
+
+
+def test_checkpoint_with_flipped_bytes_names_the_file_and_keeps_it(tmp_path):
+    from vissl.utils.checkpoint import CheckpointLoader
+    from vissl_swav_plugin.compat.checkpoint_io import CheckpointError as ChecksumMismatch  # broadcast
+
+    prev = _write_with_vissl_writer(tmp_path, 0)
+    bad = _write_with_vissl_writer(tmp_path, 1)
+    digest = (tmp_path / "model_phase1.torch.sha256").read_text().split()
+    assert digest[1] == "model_phase1.torch" and len(digest[0]) == 64  # sha256sum format
+    flip_middle_bytes(bad)
+    before = snapshot(tmp_path)
+    with pytest.raises(ChecksumMismatch, match=rf"checkpoint file {bad} \(\d+ bytes\) is corrupt: its SHA-256"):
+        _resume_load(bad)
+    with pytest.raises(ChecksumMismatch, match=rf"checkpoint\.torch \(-> {bad}\) .*is corrupt"):
+        _resume_load(tmp_path / "checkpoint.torch")  # the symlink VISSL writes
+    with pytest.raises(ChecksumMismatch, match=str(bad)):  # MODEL.WEIGHTS_INIT, linear eval
+        CheckpointLoader.load_and_broadcast_init_weights(str(bad), torch.device("cpu"))
+    assert snapshot(tmp_path) == before  # nothing deleted or changed
+    assert _resume_load(prev)["iteration"] == 0
+
+
+def test_checkpoint_without_checksum_still_loads(tmp_path, caplog):
+    """Written by VISSL's own writer or an older plugin: loaded unverified, with a note."""
+    path = _write_with_vissl_writer(tmp_path, 0)
+    (tmp_path / "model_phase0.torch.sha256").unlink()
+    with caplog.at_level("INFO"):
+        assert _resume_load(path)["iteration"] == 0
+    assert "has no checksum file" in caplog.text
+
+
+def test_auto_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, caplog):
+    from vissl.config import AttrDict
+    from vissl.utils.checkpoint import get_resume_checkpoint
+
+    cfg = AttrDict({"CHECKPOINT": {"OVERWRITE_EXISTING": False, "AUTO_RESUME": True,
+                                   "LATEST_CHECKPOINT_RESUME_FILE_NUM": 1, "CHECKPOINT_ITER_FREQUENCY": -1}})
+    for phase in range(3):
+        _write_with_vissl_writer(tmp_path, phase)
+    flip_middle_bytes(tmp_path / "model_phase2.torch")
+    corrupt = (tmp_path / "model_phase2.torch").read_bytes()
+    with caplog.at_level("WARNING"):
+        assert get_resume_checkpoint(cfg, str(tmp_path)) == f"{tmp_path}/model_phase1.torch"
+    assert f"AUTO_RESUME skips {tmp_path / 'model_phase2.torch'}" in caplog.text
+    assert (tmp_path / "model_phase2.torch.corrupt").read_bytes() == corrupt  # kept, not deleted
+    assert (tmp_path / "model_phase2.torch.corrupt.sha256").is_file()
+    # every checkpoint corrupt: an error naming them, not a silent fresh start
+    for phase in (0, 1):
+        flip_middle_bytes(tmp_path / f"model_phase{phase}.torch")
+    from vissl_swav_plugin.compat.checkpoint_io import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"no intact checkpoint to resume from .*model_phase1\.torch, model_phase0"):
+        get_resume_checkpoint(cfg, str(tmp_path))

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import compose, run_launcher
+from conftest import HANG_S, compose, run_launcher
 from vissl_swav_plugin.clustering import sela_assign, spherical_kmeans
 from vissl_swav_plugin.memory_store import IGNORE_INDEX
 
@@ -365,7 +365,7 @@ def test_knn_beats_random_init_on_fashion_mnist(method, tmp_path):
     ]
     over.append(f"config.SEED_VALUE={KNN_SEED}")
     ckdir = tmp_path / "ck"
-    run_launcher(over + [f"config.CHECKPOINT.DIR={ckdir}"], cwd=tmp_path, timeout=1800)
+    run_launcher(over + [f"config.CHECKPOINT.DIR={ckdir}"], cwd=tmp_path, timeout=HANG_S)
     cfg = compose(over)
     # baseline: mean over 3 random inits, the first the training's own start (VISSL seeds
     # rank 0 with SEED_VALUE * num_epochs); one init alone is a noisy baseline

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from _reference import reference_knn
-from conftest import REPO, SITE, compose, launcher_env, run_launcher
+from conftest import HANG_S, REPO, SITE, compose, launcher_env, run_launcher
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 PER_CLASS = 50  # train and val images per class: 500 + 500
@@ -50,7 +50,7 @@ def _strip(state):
 
 def _tool(script, *args, cwd):
     proc = subprocess.run([sys.executable, str(script), *map(str, args)], cwd=str(cwd), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return proc.stdout
 
@@ -175,7 +175,7 @@ def test_knn_20_and_200_2proc_from_our_checkpoint(suite, tmp_path):
          "config=benchmark/swav_plugin/knn_fashion_mnist_cpu", *TRUNK,
          f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={suite['ckpt']}", f"config.CHECKPOINT.DIR={out}"],
         cwd=str(tmp_path), env=launcher_env(suite["env"]), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-4000:]
     res = json.loads((out / "knn_results.json").read_text())
     assert res["num_train"] == res["num_test"] == 10 * PER_CLASS

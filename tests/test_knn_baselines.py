@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from _reference import reference_knn
-from conftest import REPO, compose, folder_data_overrides, launcher_env, make_image_folder
+from conftest import HANG_S, REPO, compose, folder_data_overrides, launcher_env, make_image_folder
 
 TOOL = REPO / "tools" / "knn_eval.py"
 TRUNK = ["config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.DEPTH=10", "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.WIDTH=8"]
@@ -24,7 +24,7 @@ TRUNK = ["config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.DEPTH=10", "config.MODEL.TRUNK.
 
 def _tool(*args, cwd):
     proc = subprocess.run([sys.executable, str(TOOL), *map(str, args)], cwd=str(cwd), env=launcher_env(),
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=HANG_S)
     return proc
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, launcher_env
+from conftest import HANG_S, REPO, launcher_env
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_FILES = [FMNIST / f"{s}-{k}-ubyte.gz" for s in ("train", "t10k") for k in ("images-idx3", "labels-idx1")]
@@ -90,7 +90,7 @@ def test_swav_quick_run_beats_random_init(tmp_path):
         [sys.executable, str(REPO / "tools" / "demo.py"), "--quick", "--seed", "0", "--out", str(out),
          "--data-dir", str(tmp_path / "data")],
         cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=900,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert "Report:" in proc.stdout and str(out / "swav_demo_report.png") in proc.stdout
@@ -128,7 +128,7 @@ def test_demo_names_a_missing_dataset_file(tmp_path):
         [sys.executable, str(REPO / "tools" / "demo.py"), "--quick", "--out", str(tmp_path / "o"),
          "--data-dir", str(tmp_path / "data"), "--source", str(tmp_path / "nowhere")],
         cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert f"{tmp_path / 'nowhere'}/train-images-idx3-ubyte.gz" in proc.stdout
@@ -144,7 +144,7 @@ def test_demo_names_a_corrupt_dataset_file(tmp_path):
         [sys.executable, str(REPO / "tools" / "demo.py"), "--quick", "--out", str(tmp_path / "o"),
          "--data-dir", str(tmp_path / "data"), "--source", str(src)],
         cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert str(src / "train-images-idx3-ubyte.gz") in proc.stdout and "Traceback" not in proc.stdout

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from _helpers_reliability import run_failing_launcher
-from conftest import folder_data_overrides, launcher_env, make_image_folder, run_launcher, run_launcher_until
+from conftest import HANG_S, folder_data_overrides, launcher_env, make_image_folder, run_launcher, run_launcher_until
 
 # 32 images, 4 per process x 2 processes -> 4 iterations per epoch; 3 epochs = 12 iterations.
 # Queue (8 entries per process) from epoch 1 (iteration 4).  One mid-epoch checkpoint at
@@ -251,7 +251,7 @@ def run_writer_child(folder, mode, trials, seed=0):
     folder.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([sys.executable, "-c", WRITER_CHILD, str(folder), mode, str(trials), str(seed)],
                           env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=600)
+                          timeout=HANG_S)
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
     assert proc.returncode == 0 and line, proc.stdout[-3000:]
     return json.loads(line[0].split(" ", 1)[1])
@@ -294,6 +294,35 @@ def test_stale_partial_files_of_dead_writers_are_cleaned(tmp_path):
     left = sorted(p.name for p in tmp_path.iterdir())
     assert names[0] not in left and names[1] in left and names[2] in left
     assert "model_phase0.torch" in left
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path):
+    """Bytes flipped in the middle of the newest checkpoint of a 2-process run: AUTO_RESUME
+    resumes from the previous intact one, the log names the skipped file, nothing is lost."""
+    from _helpers_reliability import snapshot
+
+    data = folder_data_overrides(make_image_folder(tmp_path / "images", per_class=8))
+    ck = tmp_path / "ckpt"
+    run = SMALL + data + ["config.OPTIMIZER.num_epochs=3", f"config.CHECKPOINT.DIR={ck}"]
+    run_launcher_until(run, cwd=tmp_path, marker="model_phase1.torch", log_path=tmp_path / "first.log")
+    newest = ck / "model_phase1.torch"
+    assert (ck / "model_phase1.torch.sha256").is_file() and not list(ck.glob("model_final*"))
+    raw = bytearray(newest.read_bytes())
+    mid = len(raw) // 2
+    raw[mid:mid + 16] = bytes(b ^ 0xFF for b in raw[mid:mid + 16])
+    newest.write_bytes(bytes(raw))
+    before = snapshot(ck)
+    out = run_launcher(run, cwd=tmp_path).stdout
+    assert f"AUTO_RESUME skips {newest}" in out and "is corrupt: its SHA-256" in out
+    assert f"Resume from file: {ck}/model_phase0.torch" in out
+    kept = ck / "model_phase1.torch.corrupt"
+    assert kept.read_bytes() == bytes(raw)  # the corrupt file is kept, not overwritten
+    after = snapshot(ck)
+    assert all(after.get(k) == v for k, v in before.items() if k.startswith("model_phase0"))
+    from vissl_swav_plugin.compat.checkpoint_checksums import verify_checkpoint
+
+    assert verify_checkpoint(str(ck / "model_phase1.torch"))  # re-trained, intact
+    assert verify_checkpoint(str(next(ck.glob("model_final_checkpoint_phase*.torch"))))
 
 
 # --------------------------------------------------------------------------------------

@@ -35,8 +35,16 @@ Patches (in the order they are applied), by module:
 :mod:`.checkpoint_io`
     ``shim_atomic_checkpoints`` -- crash-safe checkpoint writes (temporary file + rename).
     ``shim_checkpoint_load_errors`` -- load failures and mismatches name the file.
+:mod:`.checkpoint_checksums`
+    ``shim_checkpoint_checksums`` -- a SHA-256 file next to every checkpoint, checked at
+    every load; AUTO_RESUME falls back past a corrupt checkpoint (kept as ``*.corrupt``).
 :mod:`.data_safety`
-    ``shim_bad_image_errors`` -- unreadable images / missing dataset folders name the file.
+    ``shim_bad_image_errors`` -- unreadable images / missing dataset folders name the file;
+    every image mode (16-bit, float, CMYK, ...) reaches RGB with its real value range
+    (:mod:`.image_modes`).
+:mod:`.signals`
+    ``shim_launcher_signals`` -- Ctrl-C / SIGTERM of a launcher exits 130 / 143 after
+    stopping every process of the run; no process outlives the launcher.
 :mod:`vissl_swav_plugin.config_validation`
     ``plugin_config_inference`` -- VISSL's ``infer_losses_config`` also runs the inference
     and validation of the plugin's losses.

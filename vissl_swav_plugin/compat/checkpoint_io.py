@@ -24,7 +24,9 @@ Loads (resume: ``CheckpointLoader.load_and_broadcast_checkpoint``; ``MODEL.WEIGH
     A missing, empty, truncated or non-PyTorch file raised, depending on the case,
     ``TypeError: 'NoneType' object is not subscriptable``, ``EOFError: Ran out of input``,
     ``RuntimeError: PytorchStreamReader failed reading zip archive`` or
-    ``UnpicklingError: invalid load key`` -- none naming the file.  Now
+    ``UnpicklingError: invalid load key`` -- none naming the file; a file with bytes
+    flipped in the middle often loaded without an error.  Each file is now checked against
+    its SHA-256 (:mod:`.checkpoint_checksums`, written next to it by the writer above).  Now
     :class:`CheckpointError` names the file, its size and what is wrong, on every rank
     (the primary's failure is broadcast, so no rank hangs in the broadcast).  A resume
     file that is a PyTorch file but no VISSL training checkpoint names the missing keys.
@@ -178,9 +180,15 @@ def _atomic_enabled() -> bool:
 def _writer_save(self, name: str, content):
     if not (_atomic_enabled() and _is_local(self.checkpoint_folder)):
         return _originals["CheckpointWriter._save"](self, name=name, content=content)
+    from vissl_swav_plugin.compat import checkpoint_checksums as sums
+
     path = os.path.join(self.checkpoint_folder, name)
     try:
+        if sums.enabled():
+            sums.drop_checksum(path)  # never a new file with the old file's checksum
         atomic_torch_save(content, path)
+        if sums.enabled():
+            sums.write_checksum(path)
     except BaseException:
         logging.warning(f"Unable to write checkpoint {path}", exc_info=True)
         raise
@@ -258,6 +266,10 @@ def read_checkpoint(checkpoint_path, device=None):
                 f"checkpoint file {path} is empty (0 bytes): an interrupted write? Remove it to "
                 "resume from the previous checkpoint"
             )
+        from vissl_swav_plugin.compat import checkpoint_checksums as sums
+
+        if sums.enabled():
+            sums.verify_checkpoint(path)  # ChecksumMismatchError names the file
     else:
         size = -1
     try:

@@ -20,8 +20,14 @@ extension, an empty file)
     ``VISSL_SWAV_PLUGIN_BAD_IMAGES=vissl`` runs VISSL's own ``__getitem__`` unchanged.  The
     setting is read when the dataset is built (and travels with it to the workers).
 
-Grayscale, palette and RGBA images are not errors: VISSL's loaders convert every image
-to RGB (``PIL.Image.convert("RGB")``, alpha dropped), which the tests check.
+Image modes (16-bit, float, CMYK, palette, alpha, multi-frame, ...)
+    VISSL's loaders convert every image with ``PIL.Image.convert("RGB")``, which clips
+    instead of scaling: a 16-bit grayscale PNG becomes all white, a float TIFF all black.
+    Every image is now converted by :func:`.image_modes.to_rgb` (the table there: 16-bit
+    scaled by its full range, float [0, 1] x 255, out-of-range values stretched with a
+    warning naming the file, the first frame of a multi-frame file with a warning, alpha
+    dropped); a mode without a defined conversion or a float image with NaN / inf is a
+    :class:`BadImageError` naming the file.
 
 Missing or empty dataset folders
     VISSL raised ``AssertionError: Directory ... does not exist`` or torchvision's
@@ -33,6 +39,7 @@ import logging
 import os
 
 from vissl_swav_plugin.compat.engine import original, patch, register
+from vissl_swav_plugin.compat.image_modes import open_rgb
 
 BAD_IMAGES_ENV = "VISSL_SWAV_PLUGIN_BAD_IMAGES"
 _originals = {}  # attribute -> VISSL's DiskImageDataset method before our patch
@@ -67,19 +74,6 @@ def _image_path(ds, idx):
         return ds.image_dataset.samples[idx][0]
     path = ds.image_dataset[idx]
     return ds._replace_img_path_prefix(path, replace_prefix=ds._remove_prefix, new_prefix=ds._new_prefix)
-
-
-def _reason(path) -> str:
-    from iopath.common.file_io import g_pathmgr
-    from PIL import Image
-
-    try:
-        with g_pathmgr.open(path, "rb") as f:
-            Image.open(f).convert("RGB")
-    except Exception as e:
-        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return f"{type(e).__name__}: {text}" if text else type(e).__name__
-    return "it failed to load once (see the warning above) but loads now"
 
 
 def _init(self, cfg, data_source, path, split, dataset_name):
@@ -120,23 +114,28 @@ def _substitute(ds, path, exc):
     return img, ok
 
 
-def _getitem_folder(self, idx):
-    """``disk_folder``: VISSL 0.1.6 reads ``self.image_dataset[idx]`` (which decodes the
-    image) *outside* its try block to get a path, then decodes it a second time inside:
-    every image is decoded twice and a bad one crashes with PIL's message (``image file is
-    truncated``, ``struct.error``, ...) instead of reaching VISSL's fallback.  Here the
-    image is decoded once, and a failure follows the bad-image policy."""
+def _getitem_checked(self, idx):
+    """Both sources: the image is decoded once and converted to RGB with its real value
+    range (:func:`.image_modes.to_rgb`); a failure follows the bad-image policy.
+
+    VISSL 0.1.6 ``disk_folder`` reads ``self.image_dataset[idx]`` (which decodes the image)
+    *outside* its try block to get a path, then decodes it a second time inside: every
+    image is decoded twice and a bad one crashes with PIL's message (``image file is
+    truncated``, ``struct.error``, ...) instead of reaching VISSL's fallback.  Both
+    sources convert with ``convert("RGB")``, which clips 16-bit and float images."""
+    from iopath.common.file_io import g_pathmgr
+
     if not self.is_initialized:
         self._load_data(self._path)
         self.is_initialized = True
     if not self.queue_init and self.enable_queue_dataset:
         self._init_queues()
-    path = self.image_dataset.samples[idx][0]
+    path = _image_path(self, idx)
     try:
-        img = self.image_dataset.loader(path)
+        img = open_rgb(path, g_pathmgr.open)
     except Exception as e:
         if _policy(self) == "error":
-            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            text = getattr(e, "reason", None) or (str(e).strip().splitlines() or [""])[0]
             raise _bad_image_error(self, idx, path, f"{type(e).__name__}: {text}" if text else
                                    type(e).__name__) from e
         return _substitute(self, path, e)
@@ -146,19 +145,9 @@ def _getitem_folder(self, idx):
 
 
 def _getitem(self, idx):
-    policy = _policy(self)
-    if policy == "vissl":
+    if _policy(self) == "vissl":
         return _originals["__getitem__"](self, idx)
-    if self.data_source == "disk_folder":
-        return _getitem_folder(self, idx)
-    # disk_filelist: VISSL decodes inside its try block and substitutes on failure
-    if policy == "substitute":
-        return _originals["__getitem__"](self, idx)
-    img, is_success = _originals["__getitem__"](self, idx)
-    if not is_success:
-        path = _image_path(self, idx)
-        raise _bad_image_error(self, idx, path, _reason(path))
-    return img, is_success
+    return _getitem_checked(self, idx)
 
 
 @register

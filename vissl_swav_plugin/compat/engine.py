@@ -56,7 +56,9 @@ PATCH_MODULES = [
     "vissl_swav_plugin.compat.torch_io",
     "vissl_swav_plugin.compat.pillow",
     "vissl_swav_plugin.compat.checkpoint_io",
+    "vissl_swav_plugin.compat.checkpoint_checksums",
     "vissl_swav_plugin.compat.data_safety",
+    "vissl_swav_plugin.compat.signals",
     "vissl_swav_plugin.config_validation",
     "vissl_swav_plugin.hooks",
 ]
@@ -208,12 +210,29 @@ def patched_by(obj) -> Optional[str]:
     return getattr(_func_of(obj), _MARK, None)
 
 
+def _installed(name: str, owner, attr: str) -> bool:
+    """Whether a replacement of patch ``name`` is in effect at ``owner.attr``: on top, or
+    under replacements that other patches stacked on it (each wraps the one before)."""
+    current, seen = raw(owner, attr), set()
+    while patched_by(current) != name:
+        if id(current) in seen:
+            return False
+        seen.add(id(current))
+        below = [before for recs in _PATCHES.values() for o, a, before, repl in recs
+                 if o is owner and a == attr and repl is current and before is not _NOT_OWN]
+        if not below:
+            return False
+        current = below[0]
+    return True
+
+
 def patch(name: str, owner, attr: str, replacement) -> None:
     """Install ``replacement`` as ``owner.attr`` (``owner[attr]`` for a dict) on behalf of
-    patch ``name``; a no-op if that patch already installed it there (idempotent)."""
+    patch ``name``; a no-op if that patch already installed it there, also under another
+    patch's replacement stacked on it (idempotent)."""
     with _lock:
         current = raw(owner, attr)
-        if patched_by(current) == name:
+        if _installed(name, owner, attr):
             return
         try:
             setattr(_func_of(replacement), _MARK, name)

@@ -1,0 +1,155 @@
+"""Every PIL image mode to an 8-bit RGB image with its real value range.
+
+VISSL 0.1.6 (``DiskImageDataset``) and torchvision's ``ImageFolder`` loader turn every
+image into RGB with ``PIL.Image.convert("RGB")``.  For 8-bit modes that is right; for the
+others PIL *clips* to 0..255 instead of scaling: a 16-bit grayscale PNG (``I;16``, values
+up to 65535) becomes all white, a float TIFF (``F``, values in [0, 1]) all black, and the
+network trains on blank images without a word.  :func:`to_rgb` converts with the value
+range of the mode (used by :mod:`.data_safety` for ``disk_folder`` and ``disk_filelist``):
+
+==========================================  ============================================
+mode                                        conversion
+==========================================  ============================================
+``1``, ``L``, ``P``, ``RGB``, ``RGBX``,     PIL's ``convert("RGB")`` (8 bits per channel:
+``CMYK``, ``YCbCr``, ``LAB``, ``HSV``       already the real range)
+``LA``, ``La``, ``PA``, ``RGBA``, ``RGBa``,  the colour channels; the alpha channel is
+``P`` with transparency                     dropped (what VISSL and torchvision do), a
+                                            premultiplied mode is un-premultiplied first
+``I;16``, ``I;16L``, ``I;16B``, ``I;16N``   the type's full range: ``round(v / 257)``
+                                            (65535 -> 255), gray to RGB
+``I`` (32-bit integer)                      values in [0, 65535]: as 16-bit (``v / 257``;
+                                            PIL used ``I`` for 16-bit PNGs); other values:
+                                            min-max to 0..255 with a warning naming the file
+``F`` (32-bit float)                        values in [0, 1]: ``x 255``; other values:
+                                            min-max to 0..255 with a warning naming the file;
+                                            NaN / inf: :class:`UnsupportedImageError`
+multi-frame (animated GIF / PNG, multi-     the first frame, with a warning naming the file
+page TIFF)                                  and the number of frames
+anything else (e.g. ``BGR;16``)             :class:`UnsupportedImageError` naming the file
+                                            and the mode
+==========================================  ============================================
+
+A fixed scale per mode (not a per-image stretch) keeps the brightness of the images of a
+dataset comparable; a 12-bit sensor image stored as ``I;16`` is therefore dark (at most
+4095 / 257 = 16), as it is in any viewer.  Each warning is given once per file and
+process.  Example::
+
+    from PIL import Image
+    from vissl_swav_plugin.compat.image_modes import to_rgb
+    rgb = to_rgb(Image.open("scan_16bit.png"), "scan_16bit.png")   # mode RGB, 0..255
+"""
+import logging
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+EIGHT_BIT = ("1", "L", "P", "RGB", "RGBX", "CMYK", "YCbCr", "LAB", "HSV", "LA", "PA", "RGBA")
+SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+PREMULTIPLIED = {"La": "LA", "RGBa": "RGBA"}
+_warned = set()  # (reason, path) already warned in this process
+
+
+class UnsupportedImageError(ValueError):
+    """An image whose mode or values have no defined RGB conversion; names the file.
+
+    Attributes:
+        path: the file; reason: what is wrong (the message without the file name).
+    """
+
+    def __init__(self, path, reason: str):
+        super().__init__(f"image file {path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def _warn_once(kind: str, path, message: str) -> None:
+    if (kind, str(path)) not in _warned:
+        _warned.add((kind, str(path)))
+        logger.warning(message)
+
+
+def _gray_to_rgb(gray8: np.ndarray):
+    from PIL import Image
+
+    return Image.fromarray(np.repeat(gray8[..., None], 3, axis=2), "RGB")
+
+
+def _rescale(values: np.ndarray, low: float, high: float) -> np.ndarray:
+    scaled = (values.astype(np.float64) - low) * (255.0 / (high - low)) if high > low else values * 0.0
+    return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+
+
+def _min_max(values: np.ndarray, path, mode: str) -> np.ndarray:
+    low, high = float(values.min()), float(values.max())
+    _warn_once("range", path, (
+        f"image file {path}: mode {mode} values span [{low:g}, {high:g}], outside the range this "
+        f"mode is read with ({'[0, 1]' if mode == 'F' else '[0, 65535]'}); it is stretched min-max "
+        "to 0..255 (brightness relative to this image only)"))
+    return _rescale(values, low, high)
+
+
+def _wide_to_rgb(img, path):
+    """Modes I;16*, I and F: one channel of more than 8 bits."""
+    values = np.asarray(img)
+    if img.mode in SIXTEEN_BIT:
+        return _gray_to_rgb(_rescale(values, 0.0, 65535.0))
+    if img.mode == "I":
+        if values.size and values.min() >= 0 and values.max() <= 65535:
+            return _gray_to_rgb(_rescale(values, 0.0, 65535.0))
+        return _gray_to_rgb(_min_max(values, path, "I"))
+    if not np.isfinite(values).all():
+        bad = int((~np.isfinite(values)).sum())
+        raise UnsupportedImageError(
+            path, f"mode F (float) image holds {bad} NaN / inf value(s), which have no defined "
+            "brightness")
+    if values.size and values.min() >= 0.0 and values.max() <= 1.0:
+        return _gray_to_rgb(_rescale(values, 0.0, 1.0))
+    return _gray_to_rgb(_min_max(values, path, "F"))
+
+
+def to_rgb(img, path=""):
+    """Convert an open PIL image (any mode) to 8-bit RGB with its real value range.
+
+    Args:
+        img: a ``PIL.Image.Image`` as returned by ``Image.open`` (not yet loaded is fine).
+        path: the file name, for warnings and errors.
+    Returns:
+        A ``PIL.Image.Image`` of mode ``RGB``.
+    Raises:
+        UnsupportedImageError: a mode without a defined conversion, or NaN / inf pixels.
+    """
+    frames = getattr(img, "n_frames", 1) if getattr(img, "is_animated", False) else 1
+    if frames > 1:
+        img.seek(0)
+        _warn_once("frames", path, f"image file {path} has {frames} frames (animated or multi-page); "
+                                   "only the first frame is used")
+    mode = img.mode
+    if mode == "RGB":
+        img.load()
+        return img
+    if mode in PREMULTIPLIED:
+        return img.convert(PREMULTIPLIED[mode]).convert("RGB")
+    if mode == "P" and "transparency" in img.info:
+        return img.convert("RGBA").convert("RGB")  # PIL warns if converted straight to RGB
+    if mode in EIGHT_BIT:
+        return img.convert("RGB")
+    if mode in SIXTEEN_BIT or mode in ("I", "F"):
+        return _wide_to_rgb(img, path)
+    raise UnsupportedImageError(
+        path, f"image mode {mode!r} has no defined conversion to RGB (supported: "
+        f"{', '.join(EIGHT_BIT + tuple(PREMULTIPLIED) + SIXTEEN_BIT + ('I', 'F'))})")
+
+
+def open_rgb(path, opener=open):
+    """Open ``path`` (``opener(path, "rb")``, e.g. iopath's ``g_pathmgr.open``) as RGB.
+
+    Returns:
+        The image as :func:`to_rgb` converts it, fully decoded (the file is closed).
+    """
+    from PIL import Image
+
+    with opener(path, "rb") as f:
+        img = Image.open(f)
+        rgb = to_rgb(img, path)
+        rgb.load()
+        return rgb
