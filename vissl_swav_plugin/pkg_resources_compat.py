@@ -27,7 +27,8 @@ import importlib.util
 import sys
 
 NAME = "pkg_resources"
-__all__ = ["DistributionNotFound", "Distribution", "get_distribution", "resource_filename"]
+__all__ = ["DistributionNotFound", "Distribution", "get_distribution", "resource_filename",
+           "fixup_namespace_packages", "declare_namespace"]
 
 
 class DistributionNotFound(Exception):
@@ -67,6 +68,15 @@ def get_distribution(name: str) -> Distribution:
     except metadata.PackageNotFoundError:
         raise DistributionNotFound(f"The '{name}' distribution was not found") from None
     return Distribution(dist.metadata["Name"] or bare, dist.version)
+
+
+def fixup_namespace_packages(path_item: str, parent=None) -> None:
+    """No-op: legacy ``pkg_resources``-style namespace packages do not exist on this stack
+    (pytest's ``monkeypatch.syspath_prepend`` calls it whenever ``pkg_resources`` is imported)."""
+
+
+def declare_namespace(package_name: str) -> None:
+    """No-op, for the same reason as :func:`fixup_namespace_packages`."""
 
 
 def resource_filename(package: str, resource: str) -> str:

@@ -116,7 +116,7 @@ def split_args(argv):
         elif name == "--temperature":
             opts["temperature"] = _positive(_value(a, it, "--temperature"), "--temperature", float)
         elif a in ("-h", "--help"):
-            print(__doc__)
+            print(__doc__[__doc__.index("usage: "):] + "\n" + __doc__[:__doc__.index("usage: ")])
             sys.exit(0)
         elif a.startswith("--"):
             raise KnnEvalError(f"unknown option {a!r} (known: {', '.join(OPTIONS)}; the rest are Hydra overrides)")
