@@ -34,6 +34,10 @@ LD, LS = "config.LOSS.deepclusterv2_plugin_loss", "config.LOSS.selav2_plugin_los
     (DC_CFG, f"{LD}.temperature=0", "temperature"),
     (DC_CFG, f"{LD}.kmeans_iters=-1", "kmeans_iters"),
     (DC_CFG, f"{LD}.kmeans_init=farthest", "kmeans_init"),
+    (DC_CFG, f"{LD}.reseed_empty_clusters=sometimes", "reseed_empty_clusters"),
+    (DC_CFG, f"{LD}.init_bank_forward=together", "init_bank_forward"),
+    (DC_CFG, f"{LD}.kmeans_dtype=float16", "kmeans_dtype"),
+    (SL_CFG, f"+{LS}.init_bank_forward=together", "init_bank_forward"),
     # trainable prototypes cannot be DeepCluster-v2's frozen centroid head
     (DC_CFG, "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[2048,16],num_clusters:[8]}]]",
      "MODEL.HEAD.PARAMS"),

@@ -284,6 +284,9 @@ class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
         (:meth:`bank_rows`, :meth:`set_pseudo_labels`); returns a dict for the log."""
         raise NotImplementedError
 
+    def after_backward(self, task) -> None:
+        """``on_backward`` (before the optimizer step): nothing by default."""
+
     def after_update(self, task) -> None:
         """``on_update`` (after every optimizer step): nothing by default."""
 
@@ -367,7 +370,8 @@ class MemoryClusteringHook(NoOpHook):
     ``on_start`` -> :meth:`~MemoryBankClusteringLoss.setup`, ``on_phase_start`` ->
     :meth:`~MemoryBankClusteringLoss.start_epoch` (assignment step), ``on_forward`` ->
     :meth:`~MemoryBankClusteringLoss.set_batch` (VISSL's ``data_idx`` of the batch),
-    ``on_update`` -> :meth:`~MemoryBankClusteringLoss.after_update`, ``on_phase_end`` ->
+    ``on_backward`` / ``on_update`` -> :meth:`~MemoryBankClusteringLoss.after_backward` /
+    :meth:`~MemoryBankClusteringLoss.after_update`, ``on_phase_end`` ->
     :meth:`~MemoryBankClusteringLoss.end_epoch` (bank gathered for the checkpoint)."""
 
     @staticmethod
@@ -395,6 +399,10 @@ class MemoryClusteringHook(NoOpHook):
         inp = sample.get("input")
         num_crops = len(inp) if isinstance(inp, (list, tuple)) else 1
         self._loss(task).set_batch(ids, num_crops, task.train, getattr(task, "iteration", None))
+
+    def on_backward(self, task) -> None:
+        """After every backward pass, before the optimizer step."""
+        self._loss(task).after_backward(task)
 
     def on_update(self, task) -> None:
         """After every optimizer step."""
