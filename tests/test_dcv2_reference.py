@@ -206,3 +206,24 @@ def test_sela_defaults_are_swavs_and_freeze_the_prototypes_during_the_first_epoc
         moved = not torch.equal(model.prototypes0.weight, before)
         assert moved != frozen, epoch
     assert torch.allclose(model.prototypes0.weight.norm(dim=1), torch.ones(3), atol=1e-6)
+
+
+@pytest.mark.parametrize("kind,key,value", [
+    ("deepclusterv2", "kmeans_init", "farthest"),
+    ("deepclusterv2", "reseed_empty_clusters", "yes"),
+    ("deepclusterv2", "init_bank_forward", "together"),
+    ("selav2", "init_bank_forward", "together"),
+    ("selav2", "freeze_prototypes_epochs", -1),
+])
+def test_bad_option_values_name_the_key_at_run_time(kind, key, value):
+    from vissl.config import AttrDict
+
+    from vissl_swav_plugin.config_validation import ConfigError
+    from vissl_swav_plugin.deepcluster_v2 import DeepClusterV2PluginLoss
+    from vissl_swav_plugin.sela_v2 import SeLaV2PluginLoss
+
+    cls = DeepClusterV2PluginLoss if kind == "deepclusterv2" else SeLaV2PluginLoss
+    cfg = dict(name=f"{kind}_plugin_loss", num_train_samples=8, temperature=0.1, num_clusters=[3],
+               embedding_dim=4, crops_for_mb=[0], **{key: value})
+    with pytest.raises(ConfigError, match=f"{kind}_plugin_loss.{key}"):
+        cls.from_config(AttrDict(cfg))

@@ -10,6 +10,12 @@ DeepCluster-v2 is the memory-bank clustering of :mod:`vissl_swav_plugin.memory_b
 * training: ``l(z, C_h, q_h)`` with the centroids ``C_h`` as the classification weights:
   they are not learned, only replaced at the next clustering.
 
+Defaults follow the official ``main_deepclusterv2.py`` (facebookresearch/swav): k-means
+starts from K random rows of the bank, an empty cluster keeps its previous centroid, and
+the first bank is filled with one forward pass per crop of ``crops_for_mb``.  Options:
+``kmeans_init: kmeans++``, ``reseed_empty_clusters: true`` (split the largest cluster),
+``init_bank_forward: joint`` (one forward pass on all those crops).
+
 Registered components
 ---------------------
 * loss ``deepclusterv2_plugin_loss`` (:class:`DeepClusterV2PluginLoss`);

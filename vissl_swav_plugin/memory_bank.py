@@ -20,7 +20,8 @@ clustering ``h``) and ``q`` the pseudo-label of the crop's image:
 
 Here is the shared machinery: :class:`MemoryBankClusteringLoss` (bank filling and
 updates, pseudo-label table, checkpoint state, non-finite guard) and
-:class:`MemoryClusteringHook`, which drives it from VISSL's training loop; a method
+:class:`~vissl_swav_plugin.memory_hooks.MemoryClusteringHook`, which drives it from
+VISSL's training loop (importable from here); a method
 implements the assignment step and its head handling (``deepcluster_v2.py``,
 ``sela_v2.py``).  Storage: :class:`~vissl_swav_plugin.memory_store.MemoryBank`; config
 inference: :func:`~vissl_swav_plugin.clustering_checks.infer_clustering_loss_config`
@@ -46,7 +47,7 @@ from classy_vision.losses import ClassyLoss
 
 from vissl_swav_plugin.clustering_checks import ClusteringChecksMixin, infer_clustering_loss_config
 from vissl_swav_plugin.distributed import world_size_and_rank
-from vissl_swav_plugin.hooks import NoOpHook
+from vissl_swav_plugin.memory_hooks import MemoryClusteringHook, memory_clustering_hooks
 from vissl_swav_plugin.memory_store import IGNORE_INDEX, MemoryBank, bank_embeddings, gather_table
 from vissl_swav_plugin.nonfinite import all_finite, raise_non_finite
 from vissl_swav_plugin.precision import autocast_disabled
@@ -363,57 +364,3 @@ class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
             f"embedding_dim={self.embedding_dim}, crops_for_mb={self.crops_for_mb}, temperature={self.temperature}, "
             f"world_size={self.world_size}, bank_capacity={self.memory.capacity})"
         )
-
-
-class MemoryClusteringHook(NoOpHook):
-    """Drives a :class:`MemoryBankClusteringLoss` through VISSL's training loop:
-    ``on_start`` -> :meth:`~MemoryBankClusteringLoss.setup`, ``on_phase_start`` ->
-    :meth:`~MemoryBankClusteringLoss.start_epoch` (assignment step), ``on_forward`` ->
-    :meth:`~MemoryBankClusteringLoss.set_batch` (VISSL's ``data_idx`` of the batch),
-    ``on_backward`` / ``on_update`` -> :meth:`~MemoryBankClusteringLoss.after_backward` /
-    :meth:`~MemoryBankClusteringLoss.after_update`, ``on_phase_end`` ->
-    :meth:`~MemoryBankClusteringLoss.end_epoch` (bank gathered for the checkpoint)."""
-
-    @staticmethod
-    def _loss(task) -> MemoryBankClusteringLoss:
-        loss = task.base_loss
-        if not isinstance(loss, MemoryBankClusteringLoss):
-            raise TypeError(f"MemoryClusteringHook needs a memory-bank clustering loss, got {type(loss)}")
-        return loss
-
-    def on_start(self, task) -> None:
-        """Validate against the task and fill the bank (initial forward pass)."""
-        self._loss(task).setup(task)
-
-    def on_phase_start(self, task) -> None:
-        """Assignment step at the start of every training epoch."""
-        if task.train:
-            self._loss(task).start_epoch(task, task.train_phase_idx)
-
-    def on_forward(self, task) -> None:
-        """Hand the batch's sample indices and crop count to the loss."""
-        sample = task.last_batch.sample
-        ids = sample.get("data_idx")
-        if isinstance(ids, (list, tuple)):
-            ids = ids[0]
-        inp = sample.get("input")
-        num_crops = len(inp) if isinstance(inp, (list, tuple)) else 1
-        self._loss(task).set_batch(ids, num_crops, task.train, getattr(task, "iteration", None))
-
-    def on_backward(self, task) -> None:
-        """After every backward pass, before the optimizer step."""
-        self._loss(task).after_backward(task)
-
-    def on_update(self, task) -> None:
-        """After every optimizer step."""
-        self._loss(task).after_update(task)
-
-    def on_phase_end(self, task) -> None:
-        """Gather the bank of all processes at the end of every training epoch."""
-        if task.train:
-            self._loss(task).end_epoch(task, task.train_phase_idx)
-
-
-def memory_clustering_hooks(cfg) -> List[MemoryClusteringHook]:
-    """The hooks of a memory-bank clustering loss (registered per loss name by the methods)."""
-    return [MemoryClusteringHook()]

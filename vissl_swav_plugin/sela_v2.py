@@ -17,6 +17,12 @@ exists; this follows the paper:
   hard (argmax of the transport plan, as in SeLa) or, with ``hard_labels: false``, the
   soft codes themselves (a dataset x K table per clustering: small datasets only).
 
+Hyperparameters: the paper trains SeLa-v2 "with the same hyperparameters as SwAV", so the
+defaults are SwAV's: Sinkhorn epsilon 0.05, 3 iterations, prototypes frozen during the
+first epoch (``freeze_prototypes_epochs: 1``); ``sinkhorn_epsilon`` /
+``sinkhorn_iterations`` / ``freeze_prototypes_epochs: 0`` select others (the plugin's
+earlier defaults were 0.01 / 200 / 0).
+
 Registered: loss ``selav2_plugin_loss`` (:class:`SeLaV2PluginLoss`), its hook
 (:class:`~vissl_swav_plugin.memory_bank.MemoryClusteringHook`) and config inference
 (:func:`~vissl_swav_plugin.clustering_checks.infer_clustering_loss_config`).
