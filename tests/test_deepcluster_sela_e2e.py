@@ -282,7 +282,7 @@ def test_epoch1_labels_are_recomputed_from_the_epoch0_bank(runs):
             assert torch.allclose(a1[f"centroids{h}"], c.float(), atol=1e-6)
         else:
             # the prototypes at the start of epoch 1 are those saved at the end of epoch 0
-            a = sela_assign(x, protos(runs["a0"], h), epsilon=0.05, num_iters=3, dtype=torch.float64)
+            a = sela_assign(x, protos(runs["a0"], h), epsilon=0.01, num_iters=200, dtype=torch.float64)
             counts = torch.bincount(a, minlength=8)
             assert counts.min() >= 2 and counts.max() <= 6, counts  # ~ equipartition (N/K = 4)
         expect = torch.full((N,), IGNORE_INDEX, dtype=torch.long)
