@@ -50,10 +50,10 @@ def paper_sinkhorn(scores, eps, niters):
 
 
 # ------------------------------------------------------------------------ k-means
-def test_kmeans_recovers_planted_clusters():
+def test_kmeans_plus_plus_recovers_planted_clusters():
     x, labels, centers = planted()
     ids = torch.arange(x.shape[0])
-    runs = [spherical_kmeans(x, ids, 10, 10, seed=s, dtype=torch.float64) for s in range(5)]
+    runs = [spherical_kmeans(x, ids, 10, 10, seed=s, dtype=torch.float64, init="kmeans++") for s in range(5)]
     aris = [adjusted_rand_score(labels.numpy(), a.numpy()) for _, a, _ in runs]
     # k-means++ seeding is randomised: most seeds find the planted partition ...
     assert sum(ari > 0.99 for ari in aris) >= 4, aris
@@ -78,12 +78,12 @@ def test_kmeans_equals_dense_reference_from_same_init():
     assert not torch.equal(a, (x @ F.normalize(init, dim=1).T).argmax(1)), "premise: iterations change labels"
 
 
-def test_kmeans_reseeds_empty_clusters():
+def test_kmeans_reseeds_empty_clusters_option():
     x, labels, _ = planted(K=4, D=16, n=50, noise=0.05, seed=2)
     ids = torch.arange(x.shape[0])
     # two identical initial centroids: one of them gets no row in the first E step
     init = torch.stack([x[0], x[0], x[labels == labels[0]][0] * -1, x[1]])
-    c, a, info = spherical_kmeans(x, ids, 4, 15, init_centroids=init, dtype=torch.float64)
+    c, a, info = spherical_kmeans(x, ids, 4, 15, init_centroids=init, dtype=torch.float64, reseed_empty=True)
     assert info["reseeded"] >= 1
     assert torch.bincount(a, minlength=4).min() > 0
     assert torch.isfinite(c).all() and torch.allclose(c.norm(dim=1), torch.ones(4, dtype=c.dtype))

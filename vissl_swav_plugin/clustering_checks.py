@@ -26,7 +26,21 @@ from vissl_swav_plugin.config_validation import (
 )
 from vissl_swav_plugin.heads import find_prototype_layers
 
-__all__ = ["ClusteringChecksMixin", "infer_clustering_loss_config"]
+__all__ = ["ClusteringChecksMixin", "INIT_BANK_FORWARDS", "infer_clustering_loss_config", "require_choice"]
+
+#: ``init_bank_forward`` values: how the initial pass calls the model (first: default)
+INIT_BANK_FORWARDS = ("per_crop", "joint")
+
+
+def require_choice(lc, key: str, choices: Sequence, prefix: str):
+    """``lc[key]`` (its default: ``choices[0]``), which must be one of ``choices``; else
+    :class:`ConfigError` naming ``config.<prefix>.<key>``.  Returns the value."""
+    value = lc.get(key, choices[0])
+    if value not in choices:
+        raise ConfigError(
+            f"config.{prefix}.{key} must be one of {' | '.join(map(str, choices))}, got {value!r}"
+        )
+    return value
 
 
 def infer_clustering_loss_config(cfg, loss_cls):
@@ -83,6 +97,7 @@ def infer_clustering_loss_config(cfg, loss_cls):
         )
     if "num_train_samples" not in lc:
         lc.num_train_samples = -1  # filled in by VISSL from the training dataset
+    require_choice(lc, "init_bank_forward", INIT_BANK_FORWARDS, prefix)
     loss_cls.validate_method_config(lc, prefix)
     check_clusters_fit_dataset(cfg, loss_name)
     return cfg
@@ -151,6 +166,13 @@ class ClusteringChecksMixin:
             self._bad(key, f"must be {' or '.join(choices)}, got {v}")
         return v
 
+    def _flag(self, key: str, default: bool) -> bool:
+        """``LOSS.<name>.<key>``, which must be true or false."""
+        v = self._get(key, default)
+        if not isinstance(v, bool):
+            self._bad(key, f"must be true or false, got {v!r}")
+        return v
+
     def _int_list(self, key: str, default: List[int]) -> List[int]:
         v = self._get(key, default)
         return [int(v)] if isinstance(v, int) else [int(x) for x in v]
@@ -180,6 +202,7 @@ class ClusteringChecksMixin:
         if len(set(self.crops_for_mb)) != len(self.crops_for_mb):
             self._bad("crops_for_mb", f"has duplicates: {self.crops_for_mb}")
         self.init_memory_pass = bool(self._get("init_memory_pass", True))
+        self.init_bank_forward = self._choice("init_bank_forward", INIT_BANK_FORWARDS[0], INIT_BANK_FORWARDS)
 
     # ------------------------------------------------------------------ task and model
     def check_task(self, task) -> None:

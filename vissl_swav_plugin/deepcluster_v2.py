@@ -10,6 +10,12 @@ DeepCluster-v2 is the memory-bank clustering of :mod:`vissl_swav_plugin.memory_b
 * training: ``l(z, C_h, q_h)`` with the centroids ``C_h`` as the classification weights:
   they are not learned, only replaced at the next clustering.
 
+Defaults follow the official ``main_deepclusterv2.py`` (facebookresearch/swav): k-means
+starts from K random rows of the bank, an empty cluster keeps its previous centroid, and
+the first bank is filled with one forward pass per crop of ``crops_for_mb``.  Options:
+``kmeans_init: kmeans++``, ``reseed_empty_clusters: true`` (split the largest cluster),
+``init_bank_forward: joint`` (one forward pass on all those crops).
+
 Registered components
 ---------------------
 * loss ``deepclusterv2_plugin_loss`` (:class:`DeepClusterV2PluginLoss`);
@@ -33,8 +39,9 @@ import torch.nn.functional as F
 from classy_vision.losses import register_loss
 from vissl.models.heads import register_model_head
 
-from vissl_swav_plugin.clustering import spherical_kmeans
-from vissl_swav_plugin.config_validation import ConfigError, register_config_inference, require_int
+from vissl_swav_plugin.clustering import KMEANS_INITS, spherical_kmeans
+from vissl_swav_plugin.clustering_checks import require_choice
+from vissl_swav_plugin.config_validation import ConfigError, register_config_inference, require_bool, require_int
 from vissl_swav_plugin.distributed import broadcast_
 from vissl_swav_plugin.heads import SwAVPluginHead
 from vissl_swav_plugin.hooks import register_loss_hooks
@@ -42,7 +49,6 @@ from vissl_swav_plugin.memory_bank import MemoryBankClusteringLoss, infer_cluste
 
 #: heads whose prototype layers are frozen, so they can hold the centroids
 PROTOTYPE_HEADS_FROZEN = ("deepclusterv2_plugin_head",)
-KMEANS_INITS = ("kmeans++", "random")
 DTYPES = ("float32", "float64")
 
 
@@ -53,9 +59,13 @@ class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
     Extra config (``LOSS.deepclusterv2_plugin_loss``)::
 
         kmeans_iters: 10           # Lloyd iterations per clustering
-        kmeans_init: kmeans++      # or random (K random samples, the reference code's choice)
+        kmeans_init: random        # K random samples (the reference code); or kmeans++
+        reseed_empty_clusters: false   # empty clusters keep their centroid (the reference
+                                   # code); true: split the largest cluster
         seed: 0                    # k-means of epoch e, clustering h uses seed + 1000003 * e + h
         kmeans_dtype: float32      # or float64
+
+    The k-means and the loss run with autocast off (fp32 / ``kmeans_dtype``) under AMP.
 
     Works with ``deepclusterv2_plugin_head`` (centroids copied into its frozen prototype
     layers) or with a head that returns only the embedding (e.g. ``mlp``: the loss then
@@ -71,7 +81,8 @@ class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
         self.kmeans_iters = self._at_least("kmeans_iters", 10, minimum=0)
         self.seed = int(self._get("seed", 0))
         self.kmeans_dtype = getattr(torch, self._choice("kmeans_dtype", "float32", DTYPES))
-        self.kmeans_init = self._choice("kmeans_init", "kmeans++", KMEANS_INITS)
+        self.kmeans_init = self._choice("kmeans_init", KMEANS_INITS[0], KMEANS_INITS)
+        self.reseed_empty_clusters = self._flag("reseed_empty_clusters", False)
         for h, k in enumerate(self.num_clusters):
             self.register_buffer(f"centroids{h}", torch.zeros(k, self.embedding_dim))
 
@@ -88,13 +99,12 @@ class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
 
     @classmethod
     def validate_method_config(cls, lc, prefix):
-        """``kmeans_iters``, ``seed``, ``kmeans_init``, ``kmeans_dtype``."""
+        """``kmeans_iters``, ``seed``, ``kmeans_init``, ``reseed_empty_clusters``, ``kmeans_dtype``."""
         require_int(lc.get("kmeans_iters", 10), f"{prefix}.kmeans_iters", minimum=0)
         require_int(lc.get("seed", 0), f"{prefix}.seed", minimum=0)
-        if lc.get("kmeans_init", "kmeans++") not in KMEANS_INITS:
-            raise ConfigError(f"config.{prefix}.kmeans_init must be kmeans++ or random, got {lc.get('kmeans_init')!r}")
-        if lc.get("kmeans_dtype", "float32") not in DTYPES:
-            raise ConfigError(f"config.{prefix}.kmeans_dtype must be float32 or float64, got {lc.get('kmeans_dtype')!r}")
+        require_choice(lc, "kmeans_init", KMEANS_INITS, prefix)
+        require_bool(lc.get("reseed_empty_clusters", False), f"{prefix}.reseed_empty_clusters")
+        require_choice(lc, "kmeans_dtype", DTYPES, prefix)
 
     def check_model(self, model):
         """Prototype layers, if any, must be frozen: they hold the centroids."""
@@ -135,6 +145,7 @@ class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
                 seed=self.seed + 1000003 * epoch + h,
                 dtype=self.kmeans_dtype,
                 init=self.kmeans_init,
+                reseed_empty=self.reseed_empty_clusters,
             )
             cent = broadcast_(cent.float().contiguous(), 0)
             self.centroids(h).copy_(cent)

@@ -20,7 +20,8 @@ clustering ``h``) and ``q`` the pseudo-label of the crop's image:
 
 Here is the shared machinery: :class:`MemoryBankClusteringLoss` (bank filling and
 updates, pseudo-label table, checkpoint state, non-finite guard) and
-:class:`MemoryClusteringHook`, which drives it from VISSL's training loop; a method
+:class:`~vissl_swav_plugin.memory_hooks.MemoryClusteringHook`, which drives it from
+VISSL's training loop (importable from here); a method
 implements the assignment step and its head handling (``deepcluster_v2.py``,
 ``sela_v2.py``).  Storage: :class:`~vissl_swav_plugin.memory_store.MemoryBank`; config
 inference: :func:`~vissl_swav_plugin.clustering_checks.infer_clustering_loss_config`
@@ -46,9 +47,10 @@ from classy_vision.losses import ClassyLoss
 
 from vissl_swav_plugin.clustering_checks import ClusteringChecksMixin, infer_clustering_loss_config
 from vissl_swav_plugin.distributed import world_size_and_rank
-from vissl_swav_plugin.hooks import NoOpHook
-from vissl_swav_plugin.memory_store import IGNORE_INDEX, MemoryBank, gather_table
+from vissl_swav_plugin.memory_hooks import MemoryClusteringHook, memory_clustering_hooks
+from vissl_swav_plugin.memory_store import IGNORE_INDEX, MemoryBank, bank_embeddings, gather_table
 from vissl_swav_plugin.nonfinite import all_finite, raise_non_finite
+from vissl_swav_plugin.precision import autocast_disabled
 
 __all__ = ["IGNORE_INDEX", "MemoryBank", "MemoryBankClusteringLoss", "MemoryClusteringHook", "gather_table",
            "infer_clustering_loss_config", "memory_clustering_hooks"]
@@ -69,6 +71,8 @@ class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
         crops_for_mb: [0, 1]       # crops whose features fill the memory bank(s)
         init_memory_pass: true     # forward pass over the data before epoch 0 (as the
                                    # reference code); false: epoch 0 only fills the bank
+        init_bank_forward: per_crop  # that pass calls the model once per crop (reference
+                                   # code); joint: once on all crops_for_mb crops
         output_dir: <checkpoint folder>   # where the non-finite guard saves its tensors
 
     Subclasses implement :meth:`compute_assignments` and may override
@@ -134,7 +138,8 @@ class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
     def forward(self, output, target: torch.Tensor):
         """Mean over clusterings ``h`` of the cross-entropy between ``softmax(scores_h / tau)``
         and the pseudo-labels, over all crops; stores the ``crops_for_mb`` embeddings in
-        the bank when training.  ``output``: ``[embedding, scores_0, ..., scores_H-1]``
+        the bank when training.  Runs with autocast off, in fp32, whatever the dtype of
+        the scores (fp16 / bf16 under AMP).  ``output``: ``[embedding, scores_0, ..., scores_H-1]``
         (crop-major rows) or the embedding alone (scored by
         :meth:`scores_without_head_prototypes`); ``target``: the sample indices when the
         hook gave none."""
@@ -145,9 +150,10 @@ class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
         if self._training:
             self.memory.add(ids[:B], [emb_n[c * B : (c + 1) * B] for c in self.crops_for_mb])
 
-        if scores is None:
-            scores = self.scores_without_head_prototypes(emb)
-        losses = [self.head_loss(h, scores[h], ids) for h in range(self.num_heads)]
+        with autocast_disabled(emb, *(scores or ())):  # fp32 scores / log-softmax under AMP
+            if scores is None:
+                scores = self.scores_without_head_prototypes(emb)
+            losses = [self.head_loss(h, scores[h], ids) for h in range(self.num_heads)]
         if not all_finite(*losses, *scores):  # one host sync for all clusterings
             for h in range(self.num_heads):
                 self.guard_finite(
@@ -204,7 +210,10 @@ class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
 
     @torch.no_grad()
     def init_memory(self, task) -> None:
-        """One forward pass (no gradient) over the training data to fill the bank."""
+        """One forward pass (no gradient) over the training data to fill the bank; with
+        ``init_bank_forward: per_crop`` (default, the reference implementation) one model
+        call per crop of ``crops_for_mb`` (BatchNorm statistics of that crop alone), with
+        ``joint`` one call on all of them (statistics over all crops, as in training)."""
         model = task.base_model
         device = task.device
         n_batches = 0
@@ -219,13 +228,8 @@ class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
                 self._bad("crops_for_mb", f"={self.crops_for_mb} refers to a crop >= the {nc} crops of a sample")
             B = ids.shape[0] // nc
             inp = [crops[c].to(device, non_blocking=True) for c in self.crops_for_mb]
-            emb = model(inp if len(inp) > 1 else inp[0])
-            while isinstance(emb, (list, tuple)):  # [[embedding, scores...]] -> embedding
-                if len(emb) == 0:
-                    raise ValueError("model returned an empty output list")
-                emb = emb[0]
-            emb = F.normalize(emb.float(), dim=1)
-            self.memory.add(ids[:B], [emb[j * B : (j + 1) * B] for j in range(len(inp))])
+            emb = bank_embeddings(model, inp, per_crop=self.init_bank_forward == "per_crop")
+            self.memory.add(ids[:B], emb)
             n_batches += 1
         self.memory.reset_pointer()
         logging.info(f"{self.name}: rank {self.rank}: memory bank filled ({n_batches} batches)")
@@ -280,6 +284,9 @@ class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
         """The method's assignment step (collective): fill ``assignments`` from the bank
         (:meth:`bank_rows`, :meth:`set_pseudo_labels`); returns a dict for the log."""
         raise NotImplementedError
+
+    def after_backward(self, task) -> None:
+        """``on_backward`` (before the optimizer step): nothing by default."""
 
     def after_update(self, task) -> None:
         """``on_update`` (after every optimizer step): nothing by default."""
@@ -357,52 +364,3 @@ class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
             f"embedding_dim={self.embedding_dim}, crops_for_mb={self.crops_for_mb}, temperature={self.temperature}, "
             f"world_size={self.world_size}, bank_capacity={self.memory.capacity})"
         )
-
-
-class MemoryClusteringHook(NoOpHook):
-    """Drives a :class:`MemoryBankClusteringLoss` through VISSL's training loop:
-    ``on_start`` -> :meth:`~MemoryBankClusteringLoss.setup`, ``on_phase_start`` ->
-    :meth:`~MemoryBankClusteringLoss.start_epoch` (assignment step), ``on_forward`` ->
-    :meth:`~MemoryBankClusteringLoss.set_batch` (VISSL's ``data_idx`` of the batch),
-    ``on_update`` -> :meth:`~MemoryBankClusteringLoss.after_update`, ``on_phase_end`` ->
-    :meth:`~MemoryBankClusteringLoss.end_epoch` (bank gathered for the checkpoint)."""
-
-    @staticmethod
-    def _loss(task) -> MemoryBankClusteringLoss:
-        loss = task.base_loss
-        if not isinstance(loss, MemoryBankClusteringLoss):
-            raise TypeError(f"MemoryClusteringHook needs a memory-bank clustering loss, got {type(loss)}")
-        return loss
-
-    def on_start(self, task) -> None:
-        """Validate against the task and fill the bank (initial forward pass)."""
-        self._loss(task).setup(task)
-
-    def on_phase_start(self, task) -> None:
-        """Assignment step at the start of every training epoch."""
-        if task.train:
-            self._loss(task).start_epoch(task, task.train_phase_idx)
-
-    def on_forward(self, task) -> None:
-        """Hand the batch's sample indices and crop count to the loss."""
-        sample = task.last_batch.sample
-        ids = sample.get("data_idx")
-        if isinstance(ids, (list, tuple)):
-            ids = ids[0]
-        inp = sample.get("input")
-        num_crops = len(inp) if isinstance(inp, (list, tuple)) else 1
-        self._loss(task).set_batch(ids, num_crops, task.train, getattr(task, "iteration", None))
-
-    def on_update(self, task) -> None:
-        """After every optimizer step."""
-        self._loss(task).after_update(task)
-
-    def on_phase_end(self, task) -> None:
-        """Gather the bank of all processes at the end of every training epoch."""
-        if task.train:
-            self._loss(task).end_epoch(task, task.train_phase_idx)
-
-
-def memory_clustering_hooks(cfg) -> List[MemoryClusteringHook]:
-    """The hooks of a memory-bank clustering loss (registered per loss name by the methods)."""
-    return [MemoryClusteringHook()]

@@ -13,6 +13,8 @@ rows (the samples its data sampler gave it), so memory per process is
   collects all rows on one process (for checkpoints, which VISSL writes from the primary
   process only), :meth:`MemoryBank.load_snapshot` re-shards a snapshot over the current
   processes (any world size).
+* :func:`bank_embeddings` -- the normalised embeddings of a batch's crops, for the
+  initial forward pass that fills the bank (one model call per crop, or one joint call).
 * :func:`gather_table` -- the dataset-wide table ``sample index -> value`` (pseudo-label,
   soft code) from the rows of all processes; :data:`IGNORE_INDEX` marks samples without
   a pseudo-label (ignored by the cross-entropy).
@@ -30,10 +32,11 @@ Example::
 from typing import Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from vissl_swav_plugin.distributed import all_gather_rows, all_reduce_, world_size_and_rank
 
-__all__ = ["IGNORE_INDEX", "MemoryBank", "gather_table"]
+__all__ = ["IGNORE_INDEX", "MemoryBank", "bank_embeddings", "gather_table"]
 
 #: pseudo-label of a sample no process holds a feature of: ignored by the cross-entropy
 IGNORE_INDEX = -100
@@ -78,6 +81,37 @@ def gather_table(
     have = last >= 0
     table[have] = all_vals[last[have]]
     return table
+
+
+def _embedding_of(output) -> torch.Tensor:
+    """The embedding of a model output: ``[[embedding, scores...]]`` -> ``embedding``."""
+    while isinstance(output, (list, tuple)):
+        if len(output) == 0:
+            raise ValueError("model returned an empty output list")
+        output = output[0]
+    return output
+
+
+def bank_embeddings(model, crops: Sequence[torch.Tensor], per_crop: bool = True):
+    """L2-normalised fp32 embeddings ``[B, D]`` of each crop tensor of ``crops`` (``[B, ...]``
+    each), as the first memory bank stores them.
+
+    Args:
+        model: returns the embedding, or a (nested) list whose first entry is it.
+        crops: the batch's crops whose features fill the banks (``crops_for_mb``).
+        per_crop: ``True``: one ``model(crop)`` call per crop, as the reference
+            DeepCluster-v2 code fills its first bank (BatchNorm in train mode then uses
+            the statistics of that crop alone); ``False``: one call on the list of all
+            crops (a VISSL multi-crop forward: statistics over all of them).
+
+    Returns:
+        A list of ``len(crops)`` tensors ``[B, D]``.
+    """
+    if per_crop or len(crops) == 1:
+        return [F.normalize(_embedding_of(model(c)).float(), dim=1) for c in crops]
+    emb = F.normalize(_embedding_of(model(list(crops))).float(), dim=1)
+    B = crops[0].shape[0]
+    return [emb[j * B : (j + 1) * B] for j in range(len(crops))]
 
 
 class MemoryBank(torch.nn.Module):
