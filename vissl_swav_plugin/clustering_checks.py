@@ -114,7 +114,7 @@ class ClusteringChecksMixin:
 
     #: keys of ``LOSS.<name>`` read by every memory-bank clustering loss
     BASE_CONFIG_KEYS = ("num_train_samples", "temperature", "num_clusters", "embedding_dim", "crops_for_mb",
-                        "init_memory_pass", "output_dir", "name")
+                        "init_memory_pass", "init_bank_forward", "output_dir", "name")
     #: the method's own keys (a subclass lists every key it reads, or they are rejected)
     METHOD_CONFIG_KEYS: Tuple[str, ...] = ()
 

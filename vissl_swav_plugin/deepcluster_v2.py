@@ -73,7 +73,7 @@ class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
     """
 
     LOSS_NAME = "deepclusterv2_plugin_loss"
-    METHOD_CONFIG_KEYS = ("kmeans_iters", "kmeans_init", "kmeans_dtype", "seed")
+    METHOD_CONFIG_KEYS = ("kmeans_iters", "kmeans_init", "kmeans_dtype", "seed", "reseed_empty_clusters")
     STATE_BUFFERS = ("centroids",)  # checkpointed with the loss
 
     def __init__(self, loss_config):

@@ -87,7 +87,7 @@ class SeLaV2PluginLoss(MemoryBankClusteringLoss):
 
     LOSS_NAME = "selav2_plugin_loss"
     METHOD_CONFIG_KEYS = ("sinkhorn_epsilon", "sinkhorn_iterations", "sinkhorn_dtype", "hard_labels",
-                          "normalize_prototypes")
+                          "normalize_prototypes", "freeze_prototypes_epochs")
     STATE_BUFFERS = ("soft_codes",)  # checkpointed with the loss
 
     def __init__(self, loss_config):
