@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from sklearn.metrics import adjusted_rand_score
 
+from _reference import paper_sinkhorn
 from conftest import run_gloo_workers
 from vissl_swav_plugin.clustering import sela_assign, spherical_kmeans
 from vissl_swav_plugin.memory_store import IGNORE_INDEX, MemoryBank, gather_table
@@ -34,19 +35,6 @@ def dense_spherical_lloyd(x, init, iters):
             if m.any():
                 c[k] = F.normalize(x[m].mean(0), dim=0)
     return c, (x @ c.T).argmax(1)
-
-
-def paper_sinkhorn(scores, eps, niters):
-    """SwAV paper, appendix A.1 pseudo-code (dense, fp64)."""
-    Q = torch.exp(scores / eps).T
-    Q /= torch.sum(Q)
-    K, B = Q.shape
-    r, c = torch.ones(K, dtype=Q.dtype) / K, torch.ones(B, dtype=Q.dtype) / B
-    for _ in range(niters):
-        u = torch.sum(Q, dim=1)
-        Q *= (r / u).unsqueeze(1)
-        Q *= (c / torch.sum(Q, dim=0)).unsqueeze(0)
-    return (Q / torch.sum(Q, dim=0, keepdim=True)).T
 
 
 # ------------------------------------------------------------------------ k-means
