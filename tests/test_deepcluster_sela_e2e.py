@@ -27,7 +27,7 @@ LD, LS = "config.LOSS.deepclusterv2_plugin_loss", "config.LOSS.selav2_plugin_los
 
 # ------------------------------------------------------------------ config checks
 @pytest.mark.parametrize("base,override,key", [
-    (DC_CFG, "config.MODEL.HEAD.PARAMS=[[deepclusterv2_plugin_head,{dims:[2048,16],num_clusters:[0,8]}]]",
+    (DC_CFG, "config.MODEL.HEAD.PARAMS=[[deepclusterv2_plugin_head,{dims:[64,16],num_clusters:[0,8]}]]",
      "num_clusters"),
     (DC_CFG, f"{LD}.crops_for_mb=[0,4]", "crops_for_mb"),       # 4 crops: indices 0..3
     (DC_CFG, f"{LD}.crops_for_mb=[1,1]", "crops_for_mb"),
@@ -40,13 +40,13 @@ LD, LS = "config.LOSS.deepclusterv2_plugin_loss", "config.LOSS.selav2_plugin_los
     (SL_CFG, f"{LS}.init_bank_forward=together", "init_bank_forward"),
     (SL_CFG, f"{LS}.freeze_prototypes_epochs=-1", "freeze_prototypes_epochs"),
     # trainable prototypes cannot be DeepCluster-v2's frozen centroid head
-    (DC_CFG, "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[2048,16],num_clusters:[8]}]]",
+    (DC_CFG, "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,16],num_clusters:[8]}]]",
      "MODEL.HEAD.PARAMS"),
     (DC_CFG, "config.DATA.TRAIN.COLLATE_FUNCTION=default_collate", "COLLATE_FUNCTION"),
     (SL_CFG, f"{LS}.sinkhorn_epsilon=0", "sinkhorn_epsilon"),
     (SL_CFG, f"{LS}.sinkhorn_iterations=0", "sinkhorn_iterations"),
     (SL_CFG, f"{LS}.crops_for_mb=[-1]", "crops_for_mb"),
-    (SL_CFG, "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[2048,16]}]]", "MODEL.HEAD.PARAMS"),  # nothing to learn
+    (SL_CFG, "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[64,16]}]]", "MODEL.HEAD.PARAMS"),  # nothing to learn
 ])
 def test_bad_config_value_names_the_key(base, override, key):
     from vissl_swav_plugin.config_validation import ConfigError
@@ -56,11 +56,11 @@ def test_bad_config_value_names_the_key(base, override, key):
 
 
 def test_configs_infer_from_the_head():
-    cfg = compose([DC_CFG, "config.MODEL.HEAD.PARAMS=[[deepclusterv2_plugin_head,{dims:[2048,32],num_clusters:[5,6]}]]"])
+    cfg = compose([DC_CFG, "config.MODEL.HEAD.PARAMS=[[deepclusterv2_plugin_head,{dims:[64,32],num_clusters:[5,6]}]]"])
     lc = cfg.LOSS.deepclusterv2_plugin_loss
     assert lc.num_clusters == [5, 6] and lc.embedding_dim == 32
     # DeepCluster-v2 also runs with a head without prototypes (the loss holds the centroids)
-    cfg = compose([DC_CFG, "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[2048,24]}]]", f"{LD}.num_clusters=[4]"])
+    cfg = compose([DC_CFG, "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[64,24]}]]", f"{LD}.num_clusters=[4]"])
     assert cfg.LOSS.deepclusterv2_plugin_loss.embedding_dim == 24
     for name in ("pretrain/deepcluster_v2/deepclusterv2_8node_resnet", "pretrain/sela_v2/selav2_8node_resnet"):
         cfg = compose([f"config={name}"])
