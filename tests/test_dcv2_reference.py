@@ -229,3 +229,34 @@ def test_bad_option_values_name_the_key_at_run_time(kind, key, value):
                embedding_dim=4, crops_for_mb=[0], **{key: value})
     with pytest.raises(ConfigError, match=f"{kind}_plugin_loss.{key}"):
         cls.from_config(AttrDict(cfg))
+
+
+@pytest.mark.parametrize("kind", ["deepclusterv2", "selav2"])
+def test_one_defaults_table_feeds_the_loss_and_its_validation(kind, monkeypatch):
+    """Each method's defaults live in one table (``DEFAULTS``): a loss built with none of the
+    method's keys takes every value from it, and the config validation checks the same
+    values (a broken default is reported by the validation, not only by ``__init__``)."""
+    from vissl.config import AttrDict
+
+    from vissl_swav_plugin.config_validation import ConfigError
+    from vissl_swav_plugin.deepcluster_v2 import DeepClusterV2PluginLoss
+    from vissl_swav_plugin.sela_v2 import SeLaV2PluginLoss
+
+    cls = DeepClusterV2PluginLoss if kind == "deepclusterv2" else SeLaV2PluginLoss
+    attrs = {"sinkhorn_epsilon": "epsilon"}
+    cfg = dict(name=f"{kind}_plugin_loss", num_train_samples=8, temperature=0.1, num_clusters=[3],
+               embedding_dim=4, crops_for_mb=[0])
+    assert set(cls.METHOD_CONFIG_KEYS) == set(cls.DEFAULTS)
+    changed = {k: (v + 1 if isinstance(v, int) and not isinstance(v, bool) else
+                   not v if isinstance(v, bool) else v * 2 if isinstance(v, float) else v)
+               for k, v in cls.DEFAULTS.items()}
+    monkeypatch.setattr(cls, "DEFAULTS", changed)
+    loss = cls.from_config(AttrDict(dict(cfg)))
+    for key, value in changed.items():
+        got = getattr(loss, attrs.get(key, key))
+        want = getattr(torch, value) if key.endswith("_dtype") else value
+        assert got == want, key
+    int_key = "kmeans_iters" if kind == "deepclusterv2" else "sinkhorn_iterations"
+    monkeypatch.setattr(cls, "DEFAULTS", dict(changed, **{int_key: -1}))
+    with pytest.raises(ConfigError, match=int_key):
+        cls.validate_method_config(AttrDict(dict(cfg)), f"LOSS.{kind}_plugin_loss")

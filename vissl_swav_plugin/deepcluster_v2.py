@@ -73,16 +73,21 @@ class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
     """
 
     LOSS_NAME = "deepclusterv2_plugin_loss"
-    METHOD_CONFIG_KEYS = ("kmeans_iters", "kmeans_init", "kmeans_dtype", "seed", "reseed_empty_clusters")
+    #: the method's own keys and their defaults (the reference's: random k-means init, empty
+    #: clusters left empty), read by both ``__init__`` and ``validate_method_config``
+    DEFAULTS = dict(kmeans_iters=10, kmeans_init=KMEANS_INITS[0], kmeans_dtype="float32", seed=0,
+                    reseed_empty_clusters=False)
+    METHOD_CONFIG_KEYS = tuple(DEFAULTS)
     STATE_BUFFERS = ("centroids",)  # checkpointed with the loss
 
     def __init__(self, loss_config):
         super().__init__(loss_config)
-        self.kmeans_iters = self._at_least("kmeans_iters", 10, minimum=0)
-        self.seed = int(self._get("seed", 0))
-        self.kmeans_dtype = getattr(torch, self._choice("kmeans_dtype", "float32", DTYPES))
-        self.kmeans_init = self._choice("kmeans_init", KMEANS_INITS[0], KMEANS_INITS)
-        self.reseed_empty_clusters = self._flag("reseed_empty_clusters", False)
+        d = self.DEFAULTS
+        self.kmeans_iters = self._at_least("kmeans_iters", d["kmeans_iters"], minimum=0)
+        self.seed = int(self._get("seed", d["seed"]))
+        self.kmeans_dtype = getattr(torch, self._choice("kmeans_dtype", d["kmeans_dtype"], DTYPES))
+        self.kmeans_init = self._choice("kmeans_init", d["kmeans_init"], KMEANS_INITS)
+        self.reseed_empty_clusters = self._flag("reseed_empty_clusters", d["reseed_empty_clusters"])
         for h, k in enumerate(self.num_clusters):
             self.register_buffer(f"centroids{h}", torch.zeros(k, self.embedding_dim))
 
@@ -100,10 +105,11 @@ class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
     @classmethod
     def validate_method_config(cls, lc, prefix):
         """``kmeans_iters``, ``seed``, ``kmeans_init``, ``reseed_empty_clusters``, ``kmeans_dtype``."""
-        require_int(lc.get("kmeans_iters", 10), f"{prefix}.kmeans_iters", minimum=0)
-        require_int(lc.get("seed", 0), f"{prefix}.seed", minimum=0)
+        d = cls.DEFAULTS
+        require_int(lc.get("kmeans_iters", d["kmeans_iters"]), f"{prefix}.kmeans_iters", minimum=0)
+        require_int(lc.get("seed", d["seed"]), f"{prefix}.seed", minimum=0)
         require_choice(lc, "kmeans_init", KMEANS_INITS, prefix)
-        require_bool(lc.get("reseed_empty_clusters", False), f"{prefix}.reseed_empty_clusters")
+        require_bool(lc.get("reseed_empty_clusters", d["reseed_empty_clusters"]), f"{prefix}.reseed_empty_clusters")
         require_choice(lc, "kmeans_dtype", DTYPES, prefix)
 
     def check_model(self, model):

@@ -86,18 +86,23 @@ class SeLaV2PluginLoss(MemoryBankClusteringLoss):
     """
 
     LOSS_NAME = "selav2_plugin_loss"
-    METHOD_CONFIG_KEYS = ("sinkhorn_epsilon", "sinkhorn_iterations", "sinkhorn_dtype", "hard_labels",
-                          "normalize_prototypes", "freeze_prototypes_epochs")
+    #: the method's own keys and their defaults, read by both ``__init__`` and
+    #: ``validate_method_config``
+    DEFAULTS = dict(sinkhorn_epsilon=DEFAULT_EPSILON, sinkhorn_iterations=DEFAULT_ITERATIONS, sinkhorn_dtype="float64",
+                    hard_labels=True, normalize_prototypes=True, freeze_prototypes_epochs=DEFAULT_FREEZE_EPOCHS)
+    METHOD_CONFIG_KEYS = tuple(DEFAULTS)
     STATE_BUFFERS = ("soft_codes",)  # checkpointed with the loss
 
     def __init__(self, loss_config):
         super().__init__(loss_config)
-        self.epsilon = self._positive("sinkhorn_epsilon", DEFAULT_EPSILON)
-        self.sinkhorn_iterations = self._at_least("sinkhorn_iterations", DEFAULT_ITERATIONS, minimum=1)
-        self.freeze_prototypes_epochs = self._at_least("freeze_prototypes_epochs", DEFAULT_FREEZE_EPOCHS, minimum=0)
-        self.sinkhorn_dtype = getattr(torch, self._choice("sinkhorn_dtype", "float64", DTYPES))
-        self.hard_labels = bool(self._get("hard_labels", True))
-        self.normalize_prototypes = bool(self._get("normalize_prototypes", True))
+        d = self.DEFAULTS
+        self.epsilon = self._positive("sinkhorn_epsilon", d["sinkhorn_epsilon"])
+        self.sinkhorn_iterations = self._at_least("sinkhorn_iterations", d["sinkhorn_iterations"], minimum=1)
+        self.freeze_prototypes_epochs = self._at_least("freeze_prototypes_epochs", d["freeze_prototypes_epochs"],
+                                                       minimum=0)
+        self.sinkhorn_dtype = getattr(torch, self._choice("sinkhorn_dtype", d["sinkhorn_dtype"], DTYPES))
+        self.hard_labels = bool(self._get("hard_labels", d["hard_labels"]))
+        self.normalize_prototypes = bool(self._get("normalize_prototypes", d["normalize_prototypes"]))
         if not self.hard_labels:
             for h, k in enumerate(self.num_clusters):
                 self.register_buffer(f"soft_codes{h}", torch.zeros(self.num_train_samples, k))
@@ -115,11 +120,13 @@ class SeLaV2PluginLoss(MemoryBankClusteringLoss):
     @classmethod
     def validate_method_config(cls, lc, prefix):
         """``sinkhorn_epsilon``, ``sinkhorn_iterations``, ``sinkhorn_dtype``, ``freeze_prototypes_epochs``."""
-        require_positive_number(lc.get("sinkhorn_epsilon", DEFAULT_EPSILON), f"{prefix}.sinkhorn_epsilon")
-        require_int(lc.get("sinkhorn_iterations", DEFAULT_ITERATIONS), f"{prefix}.sinkhorn_iterations", minimum=1)
-        require_int(lc.get("freeze_prototypes_epochs", DEFAULT_FREEZE_EPOCHS), f"{prefix}.freeze_prototypes_epochs",
-                    minimum=0)
-        if lc.get("sinkhorn_dtype", "float64") not in DTYPES:
+        d = cls.DEFAULTS
+        require_positive_number(lc.get("sinkhorn_epsilon", d["sinkhorn_epsilon"]), f"{prefix}.sinkhorn_epsilon")
+        require_int(lc.get("sinkhorn_iterations", d["sinkhorn_iterations"]), f"{prefix}.sinkhorn_iterations",
+                    minimum=1)
+        require_int(lc.get("freeze_prototypes_epochs", d["freeze_prototypes_epochs"]),
+                    f"{prefix}.freeze_prototypes_epochs", minimum=0)
+        if lc.get("sinkhorn_dtype", d["sinkhorn_dtype"]) not in DTYPES:
             raise ConfigError(
                 f"config.{prefix}.sinkhorn_dtype must be float32 or float64, got {lc.get('sinkhorn_dtype')!r}"
             )
