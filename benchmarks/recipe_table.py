@@ -1,0 +1,109 @@
+"""The demo's recipes on several image sets and seeds: the README's "Collapse: what we measured"
+table (collapse detector, loss, kNN of SwAV vs random init vs raw pixels), measured by running
+the shipped ``tools/demo.py`` with nothing changed but ``--source`` and ``--seed``.
+
+Not part of ``make bench`` (one run is minutes of CPU; the table is hours):
+
+    python tools/make_small_sets.py --out data/sets
+    python benchmarks/recipe_table.py --out runs/table --modes quick \
+        --sets fashion_mnist=/usr/share/datasets/fashion-mnist,animal_mnist=data/sets/animal_mnist,digits=data/sets/digits \
+        --seeds 0,1,2
+
+A run whose ``swav_demo_report.json`` already exists is read, not re-run, so the command can be
+stopped and started again.  The table goes to OUT/table.md and OUT/table.json.
+"""
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DETECTOR_LINE = re.compile(r"Collapse detector, epoch (\d+) .*?mean loss ([0-9.]+) .*?prototypes used (\d+)/(\d+);"
+                           r".*?collapsed iterations (\d+)/(\d+) \(current run (\d+)")
+
+
+def run_one(mode, name, source, seed, out, extra):
+    """Run the demo once (unless its report exists); returns the row of the table."""
+    run_out = out / f"{mode}_{name}_s{seed}"
+    report_path = run_out / "swav_demo_report.json"
+    if not report_path.is_file():
+        cmd = [sys.executable, str(REPO / "tools" / "demo.py"), "--seed", str(seed), "--source", str(source),
+               "--out", str(run_out), "--data-dir", str(out / "data" / name), *extra]
+        if mode == "quick":
+            cmd.insert(2, "--quick")
+        t = time.time()
+        with open(out / f"{mode}_{name}_s{seed}.log", "w") as log:
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        print(f"{mode} {name} seed {seed}: exit {rc} in {time.time() - t:.0f}s", flush=True)
+        if rc != 0:
+            return dict(mode=mode, set=name, seed=seed, exit_code=rc)
+    return summarize(mode, name, seed, run_out)
+
+
+def summarize(mode, name, seed, run_out):
+    """The table's row of one finished run: the detector's per-epoch figures and the kNN."""
+    report = json.loads((run_out / "swav_demo_report.json").read_text())
+    log = (run_out / "run" / "train_log.txt").read_text()
+    epochs = [m.groups() for m in DETECTOR_LINE.finditer(log)]
+    k = int(epochs[0][3]) if epochs else 0
+    curve = [r["loss"] for r in report["loss_curve"]]
+    knn = report["knn"]
+    tail = curve[-max(1, len(curve) // 20):]
+    return dict(
+        mode=mode, set=name, seed=seed, exit_code=0, iterations=len(curve), epochs=report["config"]["mode"]["epochs"],
+        detector_fired="COLLAPSE DETECTED" in log,
+        collapsed_iters=sum(int(e[4]) for e in epochs), longest_run=max((int(e[6]) for e in epochs), default=0),
+        min_protos_used=min((int(e[2]) for e in epochs), default=0), num_prototypes=k,
+        final_loss_over_lnK=round(sum(tail) / len(tail) / math.log(k), 3) if k else None,
+        swav=knn["swav"], random_init=knn["random_init"], raw_pixels=knn["raw_pixels"],
+        train_s=report["times_s"]["train_launcher"], it_per_s=report["times_s"].get("train_it_per_s"),
+    )
+
+
+def markdown(rows):
+    """The rows as a Markdown table."""
+    head = ("| recipe | set | seed | it | detector | collapsed it (longest run) | fewest prototypes used in an epoch "
+            "| final loss / ln K | 20-NN SwAV | random init | raw pixels | 5-NN SwAV | raw pixels |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if r.get("exit_code"):
+            lines.append(f"| {r['mode']} | {r['set']} | {r['seed']} | failed (exit {r['exit_code']}) |" + " |" * 9)
+            continue
+        lines.append(
+            f"| {r['mode']} | {r['set']} | {r['seed']} | {r['iterations']} | "
+            f"{'FIRED' if r['detector_fired'] else 'quiet'} | {r['collapsed_iters']} ({r['longest_run']}) | "
+            f"{r['min_protos_used']}/{r['num_prototypes']} | {r['final_loss_over_lnK']} | "
+            f"{r['swav']['knn20']:.1f} | {r['random_init']['knn20']:.1f} | {r['raw_pixels']['knn20']:.1f} | "
+            f"{r['swav']['nn5_euclid']:.1f} | {r['raw_pixels']['nn5_euclid']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--modes", default="quick,full")
+    ap.add_argument("--sets", default="fashion_mnist=/usr/share/datasets/fashion-mnist",
+                    help="name=IDX folder, comma-separated")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--extra", action="append", default=[], help="extra tools/demo.py argument (repeatable)")
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sets = [s.split("=", 1) for s in args.sets.split(",")]
+    rows = []
+    for mode in args.modes.split(","):
+        for name, source in sets:
+            for seed in (int(s) for s in args.seeds.split(",")):
+                rows.append(run_one(mode, name, Path(source).resolve(), seed, out, args.extra))
+                (out / "table.json").write_text(json.dumps(rows, indent=1) + "\n")
+                (out / "table.md").write_text(markdown(rows))
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
