@@ -30,6 +30,7 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.progress",
     "vissl_swav_plugin.online_knn",
     "vissl_swav_plugin.collapse",
+    "vissl_swav_plugin.precise_bn",
     "vissl_swav_plugin.config_checks",
 ]
 
