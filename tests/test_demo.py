@@ -59,6 +59,30 @@ def test_mode_overrides_and_bad_values():
     assert mode == dict(MODES["quick"], epochs=3) and args.procs is None
     with pytest.raises(SystemExit):
         parse_args(["--procs", "0"])
+    for bad in (["--iters", "0"], ["--batch", "0"], ["--epochs", "0"], ["--train-per-class", "0"],
+                ["--freeze", "-1"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+    assert parse_args(["--freeze", "0", "--queue", "0"])[1]["freeze"] == 0
+
+
+def test_training_length_is_an_iteration_budget():
+    """The mode's ``iters`` budget gives the epochs: the closest whole number of epochs for
+    any data size (so a small image set trains as many steps, not fewer), Fashion-MNIST's
+    full / quick runs keep their 16 / 12 epochs, and ``--epochs`` wins."""
+    from vissl_swav_plugin.demo.cli import MODES, epochs_for, parse_args
+
+    assert epochs_for(MODES["full"], (10_000 // 2) // 64) == 16
+    assert epochs_for(MODES["quick"], (5_000 // 2) // 64) == 12
+    for name in ("full", "quick"):
+        budget = MODES[name]["iters"]
+        for per_epoch in range(1, 3 * budget):
+            epochs = epochs_for(MODES[name], per_epoch)
+            assert epochs >= 1
+            if per_epoch <= 2 * budget:
+                assert abs(epochs * per_epoch - budget) <= per_epoch / 2, (name, per_epoch, epochs)
+    assert epochs_for(parse_args(["--quick", "--epochs", "3"])[1], 39) == 3
+    assert epochs_for(parse_args(["--iters", "100"])[1], 10) == 10
 
 
 def test_device_choice_cpu_defaults_and_gpu_overrides(tmp_path, monkeypatch):
@@ -81,6 +105,9 @@ def test_device_choice_cpu_defaults_and_gpu_overrides(tmp_path, monkeypatch):
     args, mode = cli.parse_args(["--quick", "--out", str(tmp_path)])
     setup = cli.make_setup(args, mode)
     assert setup.device == "gpu" and args.procs == 1 and setup.use_amp
+    with pytest.raises(DemoError, match="number of epochs"):
+        training_overrides(mode, tmp_path, tmp_path, True, 1, 0, device="gpu")  # not chosen yet
+    mode["epochs"] = cli.epochs_for(mode, 39)
     cfg = compose(training_overrides(mode, tmp_path, tmp_path, True, 1, 0, device="gpu"))
     assert cfg.MACHINE.DEVICE == "gpu" and cfg.DISTRIBUTED.BACKEND == "nccl"
     assert cfg.MODEL.AMP_PARAMS.USE_AMP and cfg.MODEL.AMP_PARAMS.AMP_DTYPE == "float16"

@@ -5,9 +5,9 @@ crops last, so each BatchNorm layer's running mean / variance (an exponential av
 forward calls) ends up dominated by the small crops.  Features extracted in eval mode from
 the checkpoint -- VISSL's kNN / linear benchmarks, the demo's kNN -- then normalise full-size
 images with small-crop statistics.  Measured on the demo's quick run (Fashion-MNIST, 2x28 +
-4x16 crops, 2026-11-23): recomputing the statistics on 28-px images raised the 20-NN of the
-trained network from 73.7% to 75.9% and from 72.8% to 75.0% in two runs (README, "Collapse:
-what we measured").
+4x16 crops, 2026-11-23): with this hook one run's 20-NN went from 73.7% to 75.2%; re-estimating
+on full 28-px images after training gave 75.9%, and 72.8% -> 75.0% in a second run (README,
+"BatchNorm statistics of multi-crop checkpoints").
 
 What: at the end of the last training epoch (or of every epoch with ``EVERY_PHASE``), before
 VISSL's checkpoint hook saves the model, :class:`PreciseBatchNormHook` resets the trunk's
@@ -17,7 +17,7 @@ crops), in train mode without gradients and in fp32; the averages are then avera
 processes.  Only the trunk's BatchNorm layers change (the head is not used for features).
 
 Off by default: the reference implementation keeps the last running statistics, and so do
-the paper configs we ship.  The demo's small-image config turns it on.  Config::
+the configs we ship (the demo's config lists the block, off).  Config::
 
     config:
       HOOKS:

@@ -120,7 +120,8 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
     """The launcher's command-line overrides for the demo's config.
 
     Args:
-        mode: the mode's sizes (``batch``, ``epochs``, ``queue``, ``freeze``, ``prototypes``).
+        mode: the mode's sizes (``batch``, ``epochs`` -- set, see :func:`.cli.epochs_for` --,
+            ``queue``, ``freeze``, ``prototypes``).
         data_folder: the ImageFolder to train on (DATA_PATHS and LABEL_PATHS).
         ckpt_dir: VISSL's CHECKPOINT.DIR.
         use_amp: bf16 autocast (MODEL.AMP_PARAMS.USE_AMP).
@@ -134,6 +135,9 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         The list of overrides, ``config=...`` first.  The mode's number of prototypes goes
         into the config's own head entry, unless ``user_overrides`` set MODEL.HEAD.PARAMS.
     """
+    if not mode.get("epochs"):
+        raise DemoError("the mode's number of epochs is not chosen yet (cli.epochs_for: from the iteration "
+                        "budget and the data size)")
     base = [
         f"config={CONFIG}",
         f"config.DATA.TRAIN.DATA_PATHS=[{data_folder}]",
