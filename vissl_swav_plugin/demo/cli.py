@@ -84,7 +84,7 @@ def build_parser():
     """The demo's ``argparse`` parser (every option of ``tools/demo.py``)."""
     ap = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="smaller run (5000 train / 1000 test images, 468 iterations), about 4 minutes; used by the tests")
+                    help="smaller run (5000 train / 1000 test images, 468 iterations; 4-13 min on 2 CPU cores); used by the tests")
     ap.add_argument("--out", default=str(REPO / "demo_output"), help="report folder (default demo_output/)")
     ap.add_argument("--data-dir", default=str(REPO / "data"),
                     help="where the Fashion-MNIST ImageFolder is written / reused (default data/)")
