@@ -66,7 +66,7 @@ def summarize(mode, name, seed, run_out):
 
 def markdown(rows):
     """The rows as a Markdown table."""
-    head = ("| recipe | set | seed | it | detector | collapsed it (longest run) | fewest prototypes used in an epoch "
+    head = ("| recipe | set | seed | it | detector | collapsed it (max run at an epoch end) | fewest prototypes used in an epoch "
             "| final loss / ln K | 20-NN SwAV | random init | raw pixels | 5-NN SwAV | raw pixels |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
