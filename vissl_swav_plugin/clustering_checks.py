@@ -26,10 +26,12 @@ from vissl_swav_plugin.config_validation import (
 )
 from vissl_swav_plugin.heads import find_prototype_layers
 
-__all__ = ["ClusteringChecksMixin", "INIT_BANK_FORWARDS", "infer_clustering_loss_config", "require_choice"]
+__all__ = ["ClusteringChecksMixin", "DTYPES", "INIT_BANK_FORWARDS", "infer_clustering_loss_config", "require_choice"]
 
 #: ``init_bank_forward`` values: how the initial pass calls the model (first: default)
 INIT_BANK_FORWARDS = ("per_crop", "joint")
+#: dtypes of the clustering computations (``kmeans_dtype``, ``sinkhorn_dtype``)
+DTYPES = ("float32", "float64")
 
 
 def require_choice(lc, key: str, choices: Sequence, prefix: str):

@@ -68,7 +68,7 @@ import torch
 
 from vissl_swav_plugin import distributed as D
 from vissl_swav_plugin.collapse_report import collapse_message, epoch_line, run_context
-from vissl_swav_plugin.config_validation import ConfigError, check_known_keys, register_config_check
+from vissl_swav_plugin.config_validation import ConfigError, hook_block, register_config_check, require_bool, require_int
 from vissl_swav_plugin.hooks import NoOpHook, register_monitor_hooks
 
 #: the losses whose runs get a detector
@@ -97,23 +97,28 @@ def detector_settings(cfg) -> dict:
         ConfigError: an unknown key or a bad value, e.g.
             ``config.HOOKS.COLLAPSE_DETECTOR.ON_COLLAPSE must be one of ['warn', 'stop'], got 'halt'``.
     """
-    key = "config.HOOKS.COLLAPSE_DETECTOR"
-    user = (cfg.get("HOOKS") or {}).get("COLLAPSE_DETECTOR") or {}
-    check_known_keys(user, DEFAULTS, key)
-    s = {**DEFAULTS, **dict(user)}
-    if not isinstance(s["ENABLED"], bool):
-        raise ConfigError(f"{key}.ENABLED must be true or false, got {s['ENABLED']!r}")
-    if s["ON_COLLAPSE"] not in ON_COLLAPSE_CHOICES:
-        raise ConfigError(f"{key}.ON_COLLAPSE must be one of {list(ON_COLLAPSE_CHOICES)}, got {s['ON_COLLAPSE']!r}")
-    p = s["PATIENCE_ITERS"]
-    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-        raise ConfigError(f"{key}.PATIENCE_ITERS must be an integer >= 1, got {p!r}")
-    for name, low_open in (("LOSS_TOL", True), ("ENTROPY_TOL", True), ("MIN_PROTOTYPES_USED_FRAC", False)):
-        v = s[name]
+    return hook_block(cfg, "COLLAPSE_DETECTOR", DEFAULTS, {
+        "ENABLED": require_bool,
+        "ON_COLLAPSE": _check_on_collapse,
+        "PATIENCE_ITERS": lambda v, k: require_int(v, k, minimum=1),
+        "LOSS_TOL": _fraction(low_open=True),
+        "ENTROPY_TOL": _fraction(low_open=True),
+        "MIN_PROTOTYPES_USED_FRAC": _fraction(low_open=False),
+    })
+
+
+def _check_on_collapse(value, key):
+    if value not in ON_COLLAPSE_CHOICES:
+        raise ConfigError(f"config.{key} must be one of {list(ON_COLLAPSE_CHOICES)}, got {value!r}")
+
+
+def _fraction(low_open):
+    """A check: a number in (0, 1) (``low_open``) or [0, 1)."""
+    def check(v, key):
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (0 < v if low_open else 0 <= v) and v < 1
         if not ok:
-            raise ConfigError(f"{key}.{name} must be a number in {'(0' if low_open else '[0'}, 1), got {v!r}")
-    return s
+            raise ConfigError(f"config.{key} must be a number in {'(0' if low_open else '[0'}, 1), got {v!r}")
+    return check
 
 
 @register_config_check

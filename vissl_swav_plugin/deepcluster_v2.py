@@ -40,7 +40,7 @@ from classy_vision.losses import register_loss
 from vissl.models.heads import register_model_head
 
 from vissl_swav_plugin.clustering import KMEANS_INITS, spherical_kmeans
-from vissl_swav_plugin.clustering_checks import require_choice
+from vissl_swav_plugin.clustering_checks import DTYPES, require_choice
 from vissl_swav_plugin.config_validation import ConfigError, register_config_inference, require_bool, require_int
 from vissl_swav_plugin.distributed import broadcast_
 from vissl_swav_plugin.heads import SwAVPluginHead
@@ -49,7 +49,6 @@ from vissl_swav_plugin.memory_bank import MemoryBankClusteringLoss, infer_cluste
 
 #: heads whose prototype layers are frozen, so they can hold the centroids
 PROTOTYPE_HEADS_FROZEN = ("deepclusterv2_plugin_head",)
-DTYPES = ("float32", "float64")
 
 
 @register_loss("deepclusterv2_plugin_loss")

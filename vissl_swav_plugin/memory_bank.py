@@ -48,7 +48,7 @@ from classy_vision.losses import ClassyLoss
 from vissl_swav_plugin.clustering_checks import ClusteringChecksMixin, infer_clustering_loss_config
 from vissl_swav_plugin.distributed import world_size_and_rank
 from vissl_swav_plugin.memory_hooks import MemoryClusteringHook, memory_clustering_hooks
-from vissl_swav_plugin.memory_store import IGNORE_INDEX, MemoryBank, bank_embeddings, gather_table
+from vissl_swav_plugin.memory_store import IGNORE_INDEX, MemoryBank, bank_embeddings, batch_crops, gather_table
 from vissl_swav_plugin.nonfinite import all_finite, raise_non_finite
 from vissl_swav_plugin.precision import autocast_disabled
 
@@ -220,8 +220,7 @@ class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
         logging.info(f"{self.name}: rank {self.rank}: filling the memory bank with a forward pass")
         self.memory.reset_pointer()
         for batch in task.dataloaders["train"]:
-            data = batch["data"][0]
-            crops = list(data) if isinstance(data, (list, tuple)) else [data]
+            crops = batch_crops(batch)
             ids = batch["data_idx"][0].view(-1)
             nc = len(crops)
             if max(self.crops_for_mb) >= nc:

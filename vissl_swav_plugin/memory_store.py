@@ -92,6 +92,13 @@ def _embedding_of(output) -> torch.Tensor:
     return output
 
 
+def batch_crops(batch) -> list:
+    """The crop tensors of a ``multicrop_collator`` batch: ``batch["data"][0]`` is one tensor
+    per crop (a list) or a single tensor; a bare tensor / list is taken as that entry."""
+    data = batch["data"][0] if isinstance(batch, dict) else batch
+    return list(data) if isinstance(data, (list, tuple)) else [data]
+
+
 def bank_embeddings(model, crops: Sequence[torch.Tensor], per_crop: bool = True):
     """L2-normalised fp32 embeddings ``[B, D]`` of each crop tensor of ``crops`` (``[B, ...]``
     each), as the first memory bank stores them.

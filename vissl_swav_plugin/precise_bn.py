@@ -35,6 +35,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from vissl_swav_plugin import distributed
 from vissl_swav_plugin.config_validation import hook_block, register_config_check, require_bool, require_int
 from vissl_swav_plugin.hooks import NoOpHook, register_monitor_hooks
+from vissl_swav_plugin.memory_store import batch_crops
+from vissl_swav_plugin.precision import autocast_disabled
 
 #: every key of ``config.HOOKS.PRECISE_BN`` with its default
 DEFAULTS = {"ENABLED": False, "NUM_BATCHES": 50, "EVERY_PHASE": False}
@@ -58,8 +60,7 @@ def precise_bn_config(cfg) -> dict:
 def global_crops(batch) -> List[torch.Tensor]:
     """The crops of a ``multicrop_collator`` batch (``batch["data"][0]``: one tensor per crop,
     or one tensor) whose spatial size is the largest, e.g. the two 28-px crops of 2x28 + 4x16."""
-    data = batch["data"][0] if isinstance(batch, dict) else batch
-    crops = list(data) if isinstance(data, (list, tuple)) else [data]
+    crops = batch_crops(batch)
     largest = max(c.shape[-2] * c.shape[-1] for c in crops)
     return [c for c in crops if c.shape[-2] * c.shape[-1] == largest]
 
@@ -87,14 +88,14 @@ def recompute_bn_stats(module: torch.nn.Module, batches, num_batches: int, devic
     module.train()
     used = 0
     try:
-        autocast_off = torch.autocast(device_type=(device.type if device is not None else "cpu"), enabled=False)
-        with autocast_off:
-            for batch in batches:
-                if used >= num_batches:
-                    break
-                for crop in global_crops(batch):
-                    module(crop.to(device).float() if device is not None else crop.float())
-                used += 1
+        for batch in batches:
+            if used >= num_batches:
+                break
+            for crop in global_crops(batch):
+                x = crop.to(device or crop.device).float()
+                with autocast_disabled(x):
+                    module(x)
+            used += 1
     finally:
         module.train(was_training)
         for m, (momentum, mean, var, tracked) in zip(bns, saved):

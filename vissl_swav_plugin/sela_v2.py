@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from classy_vision.losses import register_loss
 
 from vissl_swav_plugin.clustering import sela_assign
+from vissl_swav_plugin.clustering_checks import DTYPES, require_choice
 from vissl_swav_plugin.config_validation import (
     ConfigError,
     register_config_inference,
@@ -52,7 +53,6 @@ from vissl_swav_plugin.memory_bank import (
     memory_clustering_hooks,
 )
 
-DTYPES = ("float32", "float64")
 #: Sinkhorn defaults over the whole-dataset bank: NOT SwAV's (epsilon 0.05, 3 iterations,
 #: available as options).  Measured on real banks (1000 Fashion-MNIST images, 3 x 10
 #: prototypes, epochs 0-8): SwAV's values leave the soft marginals up to 37% off N/K and
@@ -126,10 +126,7 @@ class SeLaV2PluginLoss(MemoryBankClusteringLoss):
                     minimum=1)
         require_int(lc.get("freeze_prototypes_epochs", d["freeze_prototypes_epochs"]),
                     f"{prefix}.freeze_prototypes_epochs", minimum=0)
-        if lc.get("sinkhorn_dtype", d["sinkhorn_dtype"]) not in DTYPES:
-            raise ConfigError(
-                f"config.{prefix}.sinkhorn_dtype must be float32 or float64, got {lc.get('sinkhorn_dtype')!r}"
-            )
+        require_choice(lc, "sinkhorn_dtype", DTYPES, prefix)
 
     def check_model(self, model):
         """The model must have one trainable prototype layer per clustering."""
