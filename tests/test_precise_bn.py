@@ -166,3 +166,21 @@ def test_e2e_final_checkpoint_holds_the_reestimated_statistics(tmp_path):
     trunk = ckpt["classy_state_dict"]["base_model"]["model"]["trunk"]
     counts = {k: int(v) for k, v in trunk.items() if k.endswith("num_batches_tracked")}
     assert counts and set(counts.values()) == {2}, counts  # 1 batch x 2 global crops (quick_cpu: 2x32 + 2x16)
+
+
+@pytest.mark.parametrize("mode", ["fp16-cuda-like", "bf16-cuda-like", "bf16-cpu"])
+def test_statistics_are_fp32_under_amp(mode):
+    """Under the AMP settings users run (CUDA-like fp16 / bf16 emulated on CPU, CPU bf16) the
+    re-estimated statistics are those of the fp32 computation: the hook turns autocast off."""
+    from _autocast import AMP_MODES
+
+    from vissl_swav_plugin.precise_bn import recompute_bn_stats
+
+    batches = multicrop_batches(3)
+    ref, net = tiny_trunk(), tiny_trunk()
+    recompute_bn_stats(ref, batches, num_batches=3)
+    with AMP_MODES[mode]():
+        recompute_bn_stats(net, batches, num_batches=3)
+    for (name, a), b in zip(ref.named_buffers(), net.buffers()):
+        if a.is_floating_point():
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (mode, name)
