@@ -34,6 +34,7 @@ Patches (in the order they are applied), by module:
     ``shim_pillow13_posterize`` -- RandAugment's 0-bit posterize raises in Pillow 13.
 :mod:`.checkpoint_io`
     ``shim_atomic_checkpoints`` -- crash-safe checkpoint writes (temporary file + rename).
+:mod:`.checkpoint_load`
     ``shim_checkpoint_load_errors`` -- load failures and mismatches name the file.
 :mod:`.checkpoint_checksums`
     ``shim_checkpoint_checksums`` -- a SHA-256 file next to every checkpoint, checked at

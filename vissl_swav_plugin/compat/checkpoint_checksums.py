@@ -176,7 +176,8 @@ def _resume_files(checkpoint_folder, config, skip_final=False, latest_checkpoint
 def shim_checkpoint_checksums():
     """vissl/utils/checkpoint.py, get_checkpoint_resume_files (AUTO_RESUME's file choice:
     falls back past corrupt checkpoints).  The checksum writes and checks themselves are in
-    :mod:`.checkpoint_io`'s writer and reader, switched by this patch's name."""
+    :mod:`.checkpoint_io`'s writer and :mod:`.checkpoint_load`'s reader, switched by this
+    patch's name."""
     from vissl.utils import checkpoint as vc
 
     patch(NAME, vc, "get_checkpoint_resume_files", _resume_files)

@@ -56,6 +56,7 @@ PATCH_MODULES = [
     "vissl_swav_plugin.compat.torch_io",
     "vissl_swav_plugin.compat.pillow",
     "vissl_swav_plugin.compat.checkpoint_io",
+    "vissl_swav_plugin.compat.checkpoint_load",
     "vissl_swav_plugin.compat.checkpoint_checksums",
     "vissl_swav_plugin.compat.data_safety",
     "vissl_swav_plugin.compat.signals",
