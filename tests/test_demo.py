@@ -66,6 +66,30 @@ def test_mode_overrides_and_bad_values():
     assert parse_args(["--freeze", "0", "--queue", "0"])[1]["freeze"] == 0
 
 
+def test_mode_recipe_reaches_the_config(tmp_path):
+    """The full mode trains the yaml's own recipe (temperature, precise BN as composed without
+    the demo's overrides); the quick mode its own (temperature 0.2, precise BN on); the
+    command line overrides both, and bad values are argparse errors."""
+    from vissl_swav_plugin.demo.cli import parse_args
+    from vissl_swav_plugin.demo.training import CONFIG, training_overrides
+
+    yaml_cfg = compose([f"config={CONFIG}"])
+
+    def composed(argv):
+        mode = parse_args(argv)[1]
+        mode["epochs"] = 2
+        cfg = compose(training_overrides(mode, tmp_path, tmp_path, False, 2, 0))
+        return cfg.LOSS.swav_plugin_loss.temperature, cfg.HOOKS.PRECISE_BN.ENABLED
+
+    assert composed([]) == (yaml_cfg.LOSS.swav_plugin_loss.temperature, yaml_cfg.HOOKS.PRECISE_BN.ENABLED)
+    assert composed(["--quick"]) == (0.2, True)
+    assert composed(["--quick", "--temperature", "0.15", "--precise-bn", "off"]) == (0.15, False)
+    assert composed(["--precise-bn", "on"])[1] is True
+    for bad in (["--temperature", "0"], ["--temperature", "-0.1"], ["--temperature", "x"], ["--precise-bn", "yes"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
 def test_training_length_is_an_iteration_budget():
     """The mode's ``iters`` budget gives the epochs: the closest whole number of epochs for
     any data size (so a small image set trains as many steps, not fewer), Fashion-MNIST's
@@ -118,5 +142,5 @@ def test_tools_demo_help_lists_every_option():
                          stdout=subprocess.PIPE, text=True, check=True).stdout
     for opt in ("--quick", "--out", "--data-dir", "--source", "--seed", "--procs", "--random-inits", "--threads",
                 "--amp", "--train-per-class", "--test-per-class", "--epochs", "--batch", "--queue", "--freeze",
-                "--prototypes", "--override", "--device"):
+                "--prototypes", "--temperature", "--precise-bn", "--override", "--device"):
         assert opt in out, opt

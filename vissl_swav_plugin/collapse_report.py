@@ -8,13 +8,15 @@ import math
 from typing import List, Optional
 
 _TEMPERATURE = "the predictions' softmax temperature: 0.1 in the paper; a large one makes them uniform"
+_SWAV_TEMPERATURE = ("the predictions' softmax temperature, 0.1 in the paper: 0.2 stopped the quick demo's collapse "
+                     "at the start of training on small images (README, \"Collapse: what we measured\")")
 #: loss-specific config keys to change, with the advice (``LOSS.<name>.<key>``)
 LOSS_ADVICE = {
     "swav_plugin_loss": [
         ("epsilon", "lower it, e.g. 0.03 (the SwAV README's first remedy)"),
         ("freeze_prototypes_niters", "freeze the prototypes longer, e.g. a whole epoch of iterations"),
         ("hard_assignment", "try true, or temp_hard_assignment_iters > 0 (hard codes at first)"),
-        ("temperature", _TEMPERATURE),
+        ("temperature", _SWAV_TEMPERATURE),
     ],
     "selav2_plugin_loss": [
         ("sinkhorn_epsilon", "lower it for sharper pseudo-labels (more sinkhorn_iterations)"),

@@ -41,6 +41,11 @@ class SwAVPluginHead(nn.Module):
         return_embeddings: put the normalised embedding first in the output (the loss
             needs it for the queue).
         normalize_feats: L2-normalise the projection (the paper's ``z``).
+        output_bn: BatchNorm without affine parameters on the projection's output, before
+            the L2 normalisation (not in the paper or the reference: off by default).  It
+            centres the embeddings over the batch, so that no input-independent part of
+            ``z`` can dominate every sample's prototype scores (README, "Collapse: what we
+            measured").
     """
 
     def __init__(
@@ -52,6 +57,7 @@ class SwAVPluginHead(nn.Module):
         use_bias: bool = True,
         return_embeddings: bool = True,
         normalize_feats: bool = True,
+        output_bn: bool = False,
     ):
         super().__init__()
         _check_dims(dims, num_clusters)
@@ -65,6 +71,8 @@ class SwAVPluginHead(nn.Module):
                 if use_bn:
                     layers.append(nn.BatchNorm1d(d_out, eps=eps, momentum=mom))
                 layers.append(nn.ReLU(inplace=True))
+        if output_bn:
+            layers.append(nn.BatchNorm1d(dims[-1], eps=eps, momentum=mom, affine=False))
         self.projection_head = nn.Sequential(*layers)
         self.normalize_feats = normalize_feats
         self.return_embeddings = return_embeddings

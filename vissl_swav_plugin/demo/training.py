@@ -121,7 +121,8 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
 
     Args:
         mode: the mode's sizes (``batch``, ``epochs`` -- set, see :func:`.cli.epochs_for` --,
-            ``queue``, ``freeze``, ``prototypes``).
+            ``queue``, ``freeze``, ``prototypes``) and, when present, ``temperature`` and
+            ``precise_bn`` (HOOKS.PRECISE_BN.ENABLED).
         data_folder: the ImageFolder to train on (DATA_PATHS and LABEL_PATHS).
         ckpt_dir: VISSL's CHECKPOINT.DIR.
         use_amp: bf16 autocast (MODEL.AMP_PARAMS.USE_AMP).
@@ -151,6 +152,10 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         f"config.SEED_VALUE={seed}",
         f"config.CHECKPOINT.DIR={ckpt_dir}",
     ]
+    if mode.get("temperature") is not None:
+        base.append(f"config.LOSS.swav_plugin_loss.temperature={mode['temperature']}")
+    if mode.get("precise_bn") is not None:
+        base.append(f"config.HOOKS.PRECISE_BN.ENABLED={bool(mode['precise_bn'])}")
     if device == "gpu":
         base += ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl",
                  "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16", "config.DATA.NUM_DATALOADER_WORKERS=8"]
