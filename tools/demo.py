@@ -24,7 +24,7 @@ The code is the package ``vissl_swav_plugin.demo`` (``data``, ``training``, ``ev
 ``report``; ``cli.main`` is the pipeline); this file is its entry point.
 
     python tools/demo.py                 # the full demo (about 11 min on 2 CPU cores)
-    python tools/demo.py --quick         # a 4-minute version (smaller subset; the tests)
+    python tools/demo.py --quick         # 468 iterations on a smaller subset (the tests; 4-19 min on 2 cores)
     python tools/demo.py --help
 """
 import sys
