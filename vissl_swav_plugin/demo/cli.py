@@ -38,8 +38,17 @@ MODES = {
     "quick": dict(train_per_class=500, test_per_class=100, iters=468, epochs=None, batch=64, queue=0,
                   freeze=30, prototypes=100, temperature=0.2, precise_bn=True),
 }
+
+
+def _on_off(value):
+    """``on`` / ``off`` -> True / False: the command-line type of ``--precise-bn``."""
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from 'on', 'off')")
+    return value == "on"
+
+
 #: the MODES keys that are not whole numbers, and their command-line types
-MODE_TYPES = {"temperature": float}
+MODE_TYPES = {"temperature": float, "precise_bn": _on_off}
 
 
 def epochs_for(mode, iters_per_epoch):
@@ -109,11 +118,8 @@ def build_parser():
     for key in MODES["full"]:
         default = (f"full {MODES['full'][key]}, quick {MODES['quick'][key]}" if key != "epochs"
                    else "the number that gives about --iters iterations on the data")
-        if key == "precise_bn":
-            ap.add_argument("--precise-bn", default=None, choices=["on", "off"],
-                            help=f"HOOKS.PRECISE_BN.ENABLED ({default})")
-            continue
         ap.add_argument(f"--{key.replace('_', '-')}", type=MODE_TYPES.get(key, int), default=None,
+                        metavar="{on,off}" if MODE_TYPES.get(key) is _on_off else None,
                         help=f"override the mode's {key} ({default})")
     ap.add_argument("--override", action="append", default=[],
                     help="extra VISSL override for training and evaluation, e.g. "
@@ -130,11 +136,11 @@ def parse_args(argv=None):
     mode = dict(MODES["quick" if args.quick else "full"])
     for key in mode:
         if getattr(args, key) is not None:
-            mode[key] = getattr(args, key) if key != "precise_bn" else getattr(args, key) == "on"
+            mode[key] = getattr(args, key)
     if args.procs is not None and args.procs < 1:
         ap.error("--procs must be >= 1")
     for key, value in mode.items():
-        if key == "precise_bn" or value is None:
+        if value is None or isinstance(value, bool):
             continue
         if key == "temperature":
             if not value > 0:
