@@ -69,3 +69,25 @@ def test_output_bn_is_a_known_head_key():
     assert cfg.MODEL.HEAD.PARAMS[0][1]["output_bn"] is True
     with pytest.raises(ConfigError, match=r"output_bnn.*did you mean 'output_bn'"):
         compose(base + [head % "output_bnn"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_output_bn_under_cuda_like_autocast(dtype):
+    """Under CUDA-like autocast (the matmul family in fp16 / bf16) the head with output_bn stays
+    finite, on the unit sphere, and close to its fp32 output (the BatchNorm sees low-precision
+    linear outputs, as on a GPU with AMP)."""
+    from _autocast import cuda_like_autocast
+
+    torch.manual_seed(2)
+    head = SwAVPluginHead(None, dims=[64, 128, 32], num_clusters=[50], output_bn=True).train()
+    x = torch.randn(128, 64) * 4 + 2
+    ref = [t.detach() for t in head(x)]
+    with cuda_like_autocast(dtype):
+        low = [t.detach() for t in head(x)]
+    assert low[-1].dtype == dtype  # the prototype scores were computed in low precision (emulation acted)
+    z = low[0].float()
+    assert torch.isfinite(z).all() and torch.isfinite(low[1].float()).all()
+    torch.testing.assert_close(z.norm(dim=1), torch.ones(len(x)), atol=1e-2, rtol=0)
+    tol = 2e-2 if dtype == torch.float16 else 6e-2
+    torch.testing.assert_close(z, ref[0], atol=tol, rtol=0)
+    torch.testing.assert_close(low[1].float(), ref[1], atol=tol, rtol=0)
