@@ -67,6 +67,8 @@ MC = "{name:multicrop_plugin,num_crops:[2,2],size_crops:[32,16],crop_scales:[[0.
      "flip_p"),
     (SMALL[:2], "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPHT:10}",
      "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.DEPHT", "DEPTH"),
+    ([DC], "config.MODEL.HEAD.PARAMS=[[deepclusterv2_plugin_head,{dims:[64,32,16],use_bnn:True,num_clusters:[8]}]]",
+     r"config.MODEL.HEAD.PARAMS[0] (deepclusterv2_plugin_head).use_bnn", "use_bn"),
     ([DC], "+config.LOSS.deepclusterv2_plugin_loss.kmeans_iter=5", "config.LOSS.deepclusterv2_plugin_loss.kmeans_iter",
      "kmeans_iters"),
     ([SELA], "+config.LOSS.selav2_plugin_loss.sinkhorn_epsilom=0.1", "config.LOSS.selav2_plugin_loss.sinkhorn_epsilom",
@@ -79,6 +81,35 @@ def test_unknown_key_is_named_with_the_closest_known_key(base, override, path, n
 
     with pytest.raises(ConfigError, match=re.escape(path) + f".*did you mean '{near}'"):
         compose(base + [override])
+
+
+def test_constructor_keys_follow_kwargs_to_the_base_head():
+    """A head whose ``__init__`` passes ``**kwargs`` up accepts exactly its base's keys;
+    ``**kwargs`` that end at ``nn.Module`` accept anything (None: not checkable)."""
+    import torch.nn as nn
+
+    from vissl_swav_plugin.config_checks import constructor_keys
+    from vissl_swav_plugin.deepcluster_v2 import DeepClusterV2PluginHead
+    from vissl_swav_plugin.heads import SwAVPluginHead
+
+    base = constructor_keys(SwAVPluginHead)
+    assert {"dims", "num_clusters", "use_bn", "output_bn"} <= base
+    assert constructor_keys(DeepClusterV2PluginHead) == base
+
+    class Extra(SwAVPluginHead):
+        def __init__(self, model_config, dims, num_clusters, extra_key=1, **kwargs):
+            super().__init__(model_config, dims, num_clusters, **kwargs)
+
+    class NoInit(Extra):
+        pass
+
+    class Open(nn.Module):
+        def __init__(self, model_config, dims, **kwargs):
+            super().__init__()
+
+    assert constructor_keys(Extra) == base | {"extra_key"}
+    assert constructor_keys(NoInit) == base | {"extra_key"}
+    assert constructor_keys(Open) is None
 
 
 def test_unknown_key_without_a_near_key_lists_the_known_ones():

@@ -47,17 +47,32 @@ def _is_ours(cls) -> bool:
 
 def constructor_keys(cls):
     """The keyword parameters of ``cls(model_config, ...)`` (VISSL passes a head's
-    ``MODEL.HEAD.PARAMS`` entry as keywords after ``model_config``), or None when it takes
-    ``**kwargs`` (any key accepted).
+    ``MODEL.HEAD.PARAMS`` entry as keywords after ``model_config``), or None when any key
+    is accepted.  An ``__init__`` that takes ``**kwargs`` is followed to the base class's
+    ``__init__`` in the MRO (a subclass passing its extra keywords up, such as
+    ``deepclusterv2_plugin_head``); reaching ``nn.Module`` / ``object`` that way gives None.
 
     Example::
 
         constructor_keys(SwAVPluginHead)  # {"dims", "num_clusters", "use_bn", ...}
+        constructor_keys(DeepClusterV2PluginHead)  # the same set
     """
-    params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # self, model_config
-    if any(p.kind == p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params}
+    import torch.nn as nn
+
+    keys = set()
+    seen = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or init in seen:
+            continue
+        if klass in (nn.Module, object):
+            return None  # **kwargs reach a constructor that is not a head's: not checkable
+        seen.add(init)
+        params = list(inspect.signature(init).parameters.values())[2:]  # self, model_config
+        keys |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return keys
+    return None
 
 
 @register_config_check
