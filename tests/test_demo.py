@@ -67,25 +67,34 @@ def test_mode_overrides_and_bad_values():
 
 
 def test_mode_recipe_reaches_the_config(tmp_path):
-    """The full mode trains the yaml's own recipe (temperature, precise BN as composed without
-    the demo's overrides); the quick mode its own (temperature 0.2, precise BN on); the
-    command line overrides both, and bad values are argparse errors."""
+    """The full mode trains the yaml's own recipe (temperature, precise BN, colour distortion
+    as composed without the demo's overrides); the quick mode its own (temperature 0.2,
+    precise BN on, the yaml's colour distortion); the command line overrides both, an ``--override``
+    wins over the mode, and bad values are argparse errors."""
     from vissl_swav_plugin.demo.cli import parse_args
     from vissl_swav_plugin.demo.training import CONFIG, training_overrides
 
     yaml_cfg = compose([f"config={CONFIG}"])
 
-    def composed(argv):
+    def recipe(cfg):
+        return (cfg.LOSS.swav_plugin_loss.temperature, cfg.HOOKS.PRECISE_BN.ENABLED,
+                cfg.DATA.TRAIN.TRANSFORMS[0]["color_strength"])
+
+    def composed(argv, user=()):
         mode = parse_args(argv)[1]
         mode["epochs"] = 2
-        cfg = compose(training_overrides(mode, tmp_path, tmp_path, False, 2, 0))
-        return cfg.LOSS.swav_plugin_loss.temperature, cfg.HOOKS.PRECISE_BN.ENABLED
+        cfg = compose(training_overrides(mode, tmp_path, tmp_path, False, 2, 0, user))
+        assert cfg.DATA.TRAIN.TRANSFORMS[0]["name"] == "multicrop_plugin"
+        return recipe(cfg)
 
-    assert composed([]) == (yaml_cfg.LOSS.swav_plugin_loss.temperature, yaml_cfg.HOOKS.PRECISE_BN.ENABLED)
-    assert composed(["--quick"]) == (0.2, True)
-    assert composed(["--quick", "--temperature", "0.15", "--precise-bn", "off"]) == (0.15, False)
+    assert composed([]) == recipe(yaml_cfg)
+    assert composed(["--quick"]) == (0.2, True, recipe(yaml_cfg)[2])
+    assert composed(["--quick", "--temperature", "0.15", "--precise-bn", "off", "--color-strength", "0.3"]) == (
+        0.15, False, 0.3)
     assert composed(["--precise-bn", "on"])[1] is True
-    for bad in (["--temperature", "0"], ["--temperature", "-0.1"], ["--temperature", "x"], ["--precise-bn", "yes"]):
+    assert composed(["--quick"], ["config.DATA.TRAIN.TRANSFORMS.0.color_strength=0.7"])[2] == 0.7
+    for bad in (["--temperature", "0"], ["--temperature", "-0.1"], ["--temperature", "x"], ["--precise-bn", "yes"],
+                ["--color-strength", "-0.1"], ["--color-strength", "2.6"], ["--color-strength", "x"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 
@@ -142,5 +151,5 @@ def test_tools_demo_help_lists_every_option():
                          stdout=subprocess.PIPE, text=True, check=True).stdout
     for opt in ("--quick", "--out", "--data-dir", "--source", "--seed", "--procs", "--random-inits", "--threads",
                 "--amp", "--train-per-class", "--test-per-class", "--epochs", "--batch", "--queue", "--freeze",
-                "--prototypes", "--temperature", "--precise-bn", "--override", "--device"):
+                "--prototypes", "--temperature", "--precise-bn", "--color-strength", "--override", "--device"):
         assert opt in out, opt

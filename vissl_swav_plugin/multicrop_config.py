@@ -137,11 +137,14 @@ def _prob(v, key):
     return float(v)
 
 
+#: the largest colour-distortion strength s: torchvision's hue factor 0.2 * s must stay <= 0.5
+MAX_COLOR_STRENGTH = 2.5
+
+
 def _strength(v, key):
-    """SimCLR's colour-distortion strength s in [0, 2.5], as a float."""
-    # torchvision's hue factor 0.2 * s must stay <= 0.5
-    if not _is_num(v) or not 0.0 <= float(v) <= 2.5:
-        raise _err(key, f"must be a colour-distortion strength in [0, 2.5], got {v!r}")
+    """SimCLR's colour-distortion strength s in [0, MAX_COLOR_STRENGTH], as a float."""
+    if not _is_num(v) or not 0.0 <= float(v) <= MAX_COLOR_STRENGTH:
+        raise _err(key, f"must be a colour-distortion strength in [0, {MAX_COLOR_STRENGTH}], got {v!r}")
     return float(v)
 
 

@@ -13,6 +13,7 @@ import time
 import warnings
 from pathlib import Path
 
+from ..multicrop_config import MAX_COLOR_STRENGTH
 from .common import REPO, Clock, DemoError, DemoSetup, EvaluationRun, TrainingRun, fmt_secs
 from .data import prepare_data
 from .evaluation import evaluate
@@ -34,9 +35,9 @@ DESCRIPTION = "`make demo`: SwAV on Fashion-MNIST on a few CPU cores, end to end
 # keeps the yaml's 0.1 and no precise BN until it is measured with them.
 MODES = {
     "full": dict(train_per_class=1000, test_per_class=1000, iters=1248, epochs=None, batch=64, queue=0,
-                 freeze=100, prototypes=100, temperature=0.1, precise_bn=False),
+                 freeze=100, prototypes=100, temperature=0.1, precise_bn=False, color_strength=0.5),
     "quick": dict(train_per_class=500, test_per_class=100, iters=468, epochs=None, batch=64, queue=0,
-                  freeze=30, prototypes=100, temperature=0.2, precise_bn=True),
+                  freeze=30, prototypes=100, temperature=0.2, precise_bn=True, color_strength=0.5),
 }
 
 
@@ -48,7 +49,7 @@ def _on_off(value):
 
 
 #: the MODES keys that are not whole numbers, and their command-line types
-MODE_TYPES = {"temperature": float, "precise_bn": _on_off}
+MODE_TYPES = {"temperature": float, "precise_bn": _on_off, "color_strength": float}
 
 
 def epochs_for(mode, iters_per_epoch):
@@ -145,6 +146,10 @@ def parse_args(argv=None):
         if key == "temperature":
             if not value > 0:
                 ap.error("--temperature must be > 0")
+            continue
+        if key == "color_strength":
+            if not 0 <= value <= MAX_COLOR_STRENGTH:
+                ap.error(f"--color-strength must be in [0, {MAX_COLOR_STRENGTH}]")
             continue
         smallest = 0 if key in ("queue", "freeze") else 1
         if value < smallest:

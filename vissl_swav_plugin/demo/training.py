@@ -121,8 +121,9 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
 
     Args:
         mode: the mode's sizes (``batch``, ``epochs`` -- set, see :func:`.cli.epochs_for` --,
-            ``queue``, ``freeze``, ``prototypes``) and, when present, ``temperature`` and
-            ``precise_bn`` (HOOKS.PRECISE_BN.ENABLED).
+            ``queue``, ``freeze``, ``prototypes``) and, when present, ``temperature``,
+            ``precise_bn`` (HOOKS.PRECISE_BN.ENABLED) and ``color_strength`` (the multicrop
+            transform's colour-distortion strength s; 0 turns the colour jitter off).
         data_folder: the ImageFolder to train on (DATA_PATHS and LABEL_PATHS).
         ckpt_dir: VISSL's CHECKPOINT.DIR.
         use_amp: bf16 autocast (MODEL.AMP_PARAMS.USE_AMP).
@@ -160,13 +161,16 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         base += ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl",
                  "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16", "config.DATA.NUM_DATALOADER_WORKERS=8"]
     user = list(user_overrides)
+    composed = compose_config(base + user)
+    if mode.get("color_strength") is not None:
+        crops = [i for i, t in enumerate(composed.DATA.TRAIN.TRANSFORMS or [])
+                 if t.get("name") == "multicrop_plugin"]
+        if not crops:
+            raise DemoError(f"{CONFIG}: --color-strength needs a multicrop_plugin entry in DATA.TRAIN.TRANSFORMS, "
+                            f"got {[t.get('name') for t in composed.DATA.TRAIN.TRANSFORMS or []]}")
+        base += [f"config.DATA.TRAIN.TRANSFORMS.{i}.color_strength={mode['color_strength']}" for i in crops]
     if not any(o.split("=", 1)[0].lstrip("+") == "config.MODEL.HEAD.PARAMS" for o in user):
-        head = [list(p) for p in compose_config(base + user).MODEL.HEAD.PARAMS]
-        if len(head) != 1 or head[0][0] != "swav_plugin_head":
-            raise DemoError(f"{CONFIG}: expected one swav_plugin_head in MODEL.HEAD.PARAMS, got {head}")
-        params = dict(head[0][1])
-        params["num_clusters"] = [mode["prototypes"]]
-        base.append(f"config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{hydra_value(params)}]]")
+        head = [list(p) for p in composed.MODEL.HEAD.PARAMS]
     return base + user
 
 
