@@ -221,6 +221,25 @@ def test_hook_warns_once_after_patience_then_again_after_recovery(caplog):
     assert len(warnings_in(caplog)) == 2
 
 
+def test_message_quotes_the_runs_augmentation():
+    """The advice line on DATA.TRAIN.TRANSFORMS quotes the config's own crop scales, crop
+    counts and colour-distortion strength (the values composed, not the yaml's defaults)."""
+    from vissl_swav_plugin.collapse_report import collapse_message, run_context
+
+    cfg = compose(["config=pretrain/swav/swav_fashion_mnist_cpu", "config.DATA.TRAIN.TRANSFORMS.0.color_strength=0.7",
+                   "config.DATA.TRAIN.TRANSFORMS.0.crop_scales=[[0.4,1.0],[0.1,0.3]]"])
+    lk = math.log(100)
+    heads = [dict(K=100, ln_k=lk, sample_entropy=lk, mean_entropy=lk, used=100)]
+    settings = dict(ON_COLLAPSE="warn", PATIENCE_ITERS=100, LOSS_TOL=0.02, ENTROPY_TOL=0.05,
+                    MIN_PROTOTYPES_USED_FRAC=0.02)
+    msg = collapse_message("uniform", "swav_plugin_loss", lk, heads, settings, run_context(cfg), (1, 100), 100, 2,
+                           0.3, [100])
+    line = [ln for ln in msg.splitlines() if ln.strip().startswith("DATA.TRAIN.TRANSFORMS")]
+    assert len(line) == 1, msg
+    assert "crop_scales [[0.4, 1.0], [0.1, 0.3]], num_crops [2, 4], color_strength 0.7" in line[0]
+    assert "a lower color_strength" in line[0]
+
+
 def test_hook_stop_raises_at_patience():
     K, P = 10, 4
     hook = make_hook(PATIENCE_ITERS=P, ON_COLLAPSE="stop")

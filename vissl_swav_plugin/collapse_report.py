@@ -49,6 +49,10 @@ _CAUSES = ("a learning rate too high for the batch size, prototypes released too
            "far from the data's (K vs classes and images), BN in the projection head on small batches")
 
 
+_COLOR = ("a lower color_strength (on blurry, low-detail images the colour distortion can erase what two crops "
+          "of one image share: README \"Collapse: what we measured\", the upscaled digits)")
+
+
 def run_context(cfg) -> dict:
     """The config values quoted in the collapse message (current value of each key)."""
     name = cfg.LOSS.name
@@ -61,7 +65,8 @@ def run_context(cfg) -> dict:
         "loss": {key: lc.get(key) for key, _ in LOSS_ADVICE.get(name, [])},
         "batch": f"{cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA} x {world} processes",
         "num_clusters": head.get("num_clusters", lc.get("num_clusters", lc.get("num_prototypes"))),
-        "crops": (f"crop_scales {_plain(crops[0].get('crop_scales'))}, num_crops {_plain(crops[0].get('num_crops'))}"
+        "crops": (f"crop_scales {_plain(crops[0].get('crop_scales'))}, num_crops {_plain(crops[0].get('num_crops'))}, "
+                  f"color_strength {_plain(crops[0].get('color_strength', 'the transform default'))}"
                   if crops else "no multi-crop transform"),
         "use_bn": head.get("use_bn"),
         "lr_schedule": f"schedule {(cfg.OPTIMIZER.param_schedulers.get('lr') or {}).get('name')}",
@@ -133,7 +138,8 @@ def collapse_message(kind: str, loss_name: str, loss: float, heads: List[dict], 
         f"    DATA.TRAIN.BATCHSIZE_PER_REPLICA [{context.get('batch')}]: larger batches{queue}",
         f"    MODEL.HEAD.PARAMS num_clusters [{_plain(context.get('num_clusters'))}]: K several times the number "
         "of classes and well below the number of training images",
-        f"    DATA.TRAIN.TRANSFORMS [{context.get('crops')}]: softer augmentation (larger crop_scales), fewer crops (num_crops)",
+        f"    DATA.TRAIN.TRANSFORMS [{context.get('crops')}]: softer augmentation (larger crop_scales), fewer crops "
+        f"(num_crops), {_COLOR}",
         f"    MODEL.HEAD.PARAMS use_bn [{context.get('use_bn')}]: try false (no BN in the projection head)",
     ]
     if settings["ON_COLLAPSE"] == "stop":
