@@ -10,7 +10,11 @@ Not part of ``make bench`` (one run is minutes of CPU; the table is hours):
         --seeds 0,1,2
 
 A run whose ``swav_demo_report.json`` already exists is read, not re-run, so the command can be
-stopped and started again.  The table goes to OUT/table.md and OUT/table.json.
+stopped and started again.  Each run folder records the extra ``tools/demo.py`` arguments it was
+made with (``recipe_table_args.json``); asking for that run again with other ``--extra`` arguments
+is an error (use another ``--out``).  A run folder from before this record reads as "not
+recorded" and is reused only without ``--extra``.  The table goes to OUT/table.md and OUT/table.json and holds
+every finished run under OUT, from this invocation and earlier ones, with its extra arguments.
 """
 import argparse
 import json
@@ -22,26 +26,63 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DETECTOR_LINE = re.compile(r"Collapse detector, epoch (\d+) .*?mean loss ([0-9.]+) .*?prototypes used (\d+)/(\d+);"
+RUN_DIR = re.compile(r"^(quick|full)_(.+)_s(\d+)$")
+ARGS_FILE = "recipe_table_args.json"
+DETECTOR_LINE = re.compile(r"Collapse detector, epoch (\d+) .*?mean loss ([0-9.]+) .*?prototypes used (\d+)/(\d+)\b"
                            r".*?collapsed iterations (\d+)/(\d+) \(current run (\d+)")
 
 
+class TableError(Exception):
+    """A run folder under OUT that cannot be reused as asked."""
+
+
 def run_one(mode, name, source, seed, out, extra):
-    """Run the demo once (unless its report exists); returns the row of the table."""
+    """Run the demo once (unless its report exists); returns the row of the table.
+
+    Raises:
+        TableError: the run folder exists and was made with other extra arguments.
+    """
     run_out = out / f"{mode}_{name}_s{seed}"
     report_path = run_out / "swav_demo_report.json"
+    args_path = run_out / ARGS_FILE
+    if report_path.is_file() or args_path.is_file():
+        made_with = json.loads(args_path.read_text()) if args_path.is_file() else None  # None: not recorded
+        if made_with != list(extra) and not (made_with is None and not extra):
+            was = "not recorded (a run from before the record)" if made_with is None else made_with
+            raise TableError(f"{run_out}: made with extra arguments {was}, asked for {list(extra)}; "
+                             "use another --out (nothing was changed)")
     if not report_path.is_file():
         cmd = [sys.executable, str(REPO / "tools" / "demo.py"), "--seed", str(seed), "--source", str(source),
                "--out", str(run_out), "--data-dir", str(out / "data" / name), *extra]
         if mode == "quick":
             cmd.insert(2, "--quick")
+        run_out.mkdir(parents=True, exist_ok=True)
+        args_path.write_text(json.dumps(list(extra)) + "\n")
         t = time.time()
         with open(out / f"{mode}_{name}_s{seed}.log", "w") as log:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
         print(f"{mode} {name} seed {seed}: exit {rc} in {time.time() - t:.0f}s", flush=True)
         if rc != 0:
-            return dict(mode=mode, set=name, seed=seed, exit_code=rc)
+            return dict(mode=mode, set=name, seed=seed, exit_code=rc, extra=list(extra))
     return summarize(mode, name, seed, run_out)
+
+
+def finished_runs(out):
+    """The rows of every finished run under ``out`` (folders ``{mode}_{set}_s{seed}`` with a
+    report), sorted by mode, set and seed."""
+    rows = []
+    for d in sorted(p for p in out.iterdir() if p.is_dir()):
+        m = RUN_DIR.match(d.name)
+        if m and (d / "swav_demo_report.json").is_file():
+            rows.append(summarize(m.group(1), m.group(2), int(m.group(3)), d))
+    return rows
+
+
+def merge(rows, earlier):
+    """``rows`` (this invocation's, in order) followed by the ``earlier`` rows of other runs."""
+    key = lambda r: (r["mode"], r["set"], r["seed"])  # noqa: E731
+    mine = {key(r) for r in rows}
+    return rows + [r for r in earlier if key(r) not in mine]
 
 
 def summarize(mode, name, seed, run_out):
@@ -61,25 +102,34 @@ def summarize(mode, name, seed, run_out):
         final_loss_over_lnK=round(sum(tail) / len(tail) / math.log(k), 3) if k else None,
         swav=knn["swav"], random_init=knn["random_init"], raw_pixels=knn["raw_pixels"],
         train_s=report["times_s"]["train_launcher"], it_per_s=report["times_s"].get("train_it_per_s"),
+        extra=json.loads((run_out / ARGS_FILE).read_text()) if (run_out / ARGS_FILE).is_file() else None,
     )
 
 
 def markdown(rows):
     """The rows as a Markdown table."""
-    head = ("| recipe | set | seed | it | detector | collapsed it (max run at an epoch end) | fewest prototypes used in an epoch "
+    head = ("| recipe | set | seed | extra arguments | it | detector | collapsed it (max run at an epoch end) | fewest prototypes used in an epoch "
             "| final loss / ln K | 20-NN SwAV | random init | raw pixels | 5-NN SwAV | raw pixels |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if r.get("exit_code"):
-            lines.append(f"| {r['mode']} | {r['set']} | {r['seed']} | failed (exit {r['exit_code']}) |" + " |" * 9)
+            lines.append(f"| {r['mode']} | {r['set']} | {r['seed']} | {_extra(r)} | failed (exit {r['exit_code']}) |"
+                         + " |" * 9)
             continue
         lines.append(
-            f"| {r['mode']} | {r['set']} | {r['seed']} | {r['iterations']} | "
+            f"| {r['mode']} | {r['set']} | {r['seed']} | {_extra(r)} | {r['iterations']} | "
             f"{'FIRED' if r['detector_fired'] else 'quiet'} | {r['collapsed_iters']} ({r['longest_run']}) | "
             f"{r['min_protos_used']}/{r['num_prototypes']} | {r['final_loss_over_lnK']} | "
             f"{r['swav']['knn20']:.1f} | {r['random_init']['knn20']:.1f} | {r['raw_pixels']['knn20']:.1f} | "
             f"{r['swav']['nn5_euclid']:.1f} | {r['raw_pixels']['nn5_euclid']:.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def _extra(row):
+    """The row's extra demo arguments: ``none``, or ``not recorded`` (a run made before they were)."""
+    if row.get("extra") is None:
+        return "not recorded"
+    return " ".join(row["extra"]) or "none"
 
 
 def main(argv=None):
@@ -95,13 +145,18 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     sets = [s.split("=", 1) for s in args.sets.split(",")]
     rows = []
-    for mode in args.modes.split(","):
-        for name, source in sets:
-            for seed in (int(s) for s in args.seeds.split(",")):
-                rows.append(run_one(mode, name, Path(source).resolve(), seed, out, args.extra))
-                (out / "table.json").write_text(json.dumps(rows, indent=1) + "\n")
-                (out / "table.md").write_text(markdown(rows))
-    print(markdown(rows))
+    try:
+        for mode in args.modes.split(","):
+            for name, source in sets:
+                for seed in (int(s) for s in args.seeds.split(",")):
+                    rows.append(run_one(mode, name, Path(source).resolve(), seed, out, args.extra))
+                    table = merge(rows, finished_runs(out))
+                    (out / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+                    (out / "table.md").write_text(markdown(table))
+    except TableError as e:
+        print(f"recipe_table: error: {e}", file=sys.stderr)
+        return 2
+    print(markdown(merge(rows, finished_runs(out))))
     return 0
 
 

@@ -1,0 +1,77 @@
+"""benchmarks/recipe_table.py: the table holds every finished run under OUT with the extra
+demo arguments it was made with, and a run folder is never reused with other arguments."""
+import importlib.util
+import json
+import math
+
+import pytest
+
+from conftest import REPO
+from vissl_swav_plugin.collapse_report import epoch_line
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("recipe_table", REPO / "benchmarks" / "recipe_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fake_run(out, name, extra, knn20, used=97, K=100):
+    """A finished demo run folder: the report's fields the table reads, and a training log whose
+    detector lines come from the detector's own formatter."""
+    run = out / name
+    (run / "run").mkdir(parents=True)
+    lk = math.log(K)
+    head = dict(K=K, ln_k=lk, sample_entropy=0.8 * lk, mean_entropy=0.99 * lk)
+    codes = dict(code_entropy=0.9 * lk, code_used=K)
+    settings = dict(PATIENCE_ITERS=100, ON_COLLAPSE="warn")
+    log = "\n".join("INFO collapse.py: " + epoch_line("swav_plugin_loss", e, 0.7 * lk, [dict(head, used=u, **c)], [], 39,
+                                                     n, n, settings)
+                    for e, u, c, n in ((0, used, codes, 5), (1, used + 1, {}, 0)))
+    (run / "run" / "train_log.txt").write_text(log + "\n")
+    knn = {"knn20": knn20, "knn200": 60.0, "nn5_euclid": 70.0}
+    report = dict(loss_curve=[{"loss": 0.7 * lk}] * 40, knn=dict(swav=knn, random_init=knn, raw_pixels=knn),
+                  config=dict(mode=dict(epochs=2)), times_s=dict(train_launcher=10.0))
+    (run / "swav_demo_report.json").write_text(json.dumps(report))
+    if extra is not None:
+        (run / "recipe_table_args.json").write_text(json.dumps(extra))
+    return run
+
+
+def test_table_keeps_earlier_runs_with_their_arguments(tmp_path):
+    rt = _module()
+    _fake_run(tmp_path, "quick_digits_s0", ["--color-strength", "0.25"], 61.0)
+    _fake_run(tmp_path, "quick_fashion_mnist_s1", None, 77.0)  # made before the arguments were recorded
+    (tmp_path / "data").mkdir()  # not a run folder
+    earlier = rt.finished_runs(tmp_path)
+    assert [(r["mode"], r["set"], r["seed"]) for r in earlier] == [("quick", "digits", 0), ("quick", "fashion_mnist", 1)]
+    assert earlier[0]["extra"] == ["--color-strength", "0.25"] and earlier[1]["extra"] is None
+    assert earlier[0]["collapsed_iters"] == 5 and earlier[0]["min_protos_used"] == 97
+    # this invocation's row (here: the same run read again) comes first, the others stay
+    now = rt.run_one("quick", "digits", tmp_path, 0, tmp_path, ["--color-strength", "0.25"])
+    table = rt.merge([now], earlier)
+    assert [(r["set"], r["seed"]) for r in table] == [("digits", 0), ("fashion_mnist", 1)]
+    md = rt.markdown(table).splitlines()
+    assert md[0].count("|") == md[2].count("|") == md[3].count("|")
+    assert "| quick | digits | 0 | --color-strength 0.25 |" in md[2] and "| quick | fashion_mnist | 1 | not recorded |" in md[3]
+
+
+@pytest.mark.parametrize("asked", [[], ["--color-strength", "0.5"]])
+def test_a_run_is_not_reused_with_other_arguments(tmp_path, asked):
+    rt = _module()
+    run = _fake_run(tmp_path, "quick_digits_s0", ["--color-strength", "0.25"], 61.0)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(rt.TableError, match=r"quick_digits_s0: made with extra arguments \['--color-strength', '0.25'\]"):
+        rt.run_one("quick", "digits", tmp_path, 0, tmp_path, asked)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert rt.main(["--out", str(tmp_path), "--modes", "quick", "--sets", f"digits={tmp_path}", "--seeds", "0",
+                    *[f"--extra={a}" for a in asked]]) == 2
+
+
+def test_an_unrecorded_run_is_reused_only_without_extra_arguments(tmp_path):
+    rt = _module()
+    _fake_run(tmp_path, "quick_digits_s0", None, 61.0)
+    assert rt.run_one("quick", "digits", tmp_path, 0, tmp_path, [])["swav"]["knn20"] == 61.0
+    with pytest.raises(rt.TableError, match=r"made with extra arguments not recorded"):
+        rt.run_one("quick", "digits", tmp_path, 0, tmp_path, ["--temperature", "0.1"])
