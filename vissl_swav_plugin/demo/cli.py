@@ -13,7 +13,6 @@ import time
 import warnings
 from pathlib import Path
 
-from ..multicrop_config import MAX_COLOR_STRENGTH
 from .common import REPO, Clock, DemoError, DemoSetup, EvaluationRun, TrainingRun, fmt_secs
 from .data import prepare_data
 from .evaluation import evaluate
@@ -148,6 +147,8 @@ def parse_args(argv=None):
                 ap.error("--temperature must be > 0")
             continue
         if key == "color_strength":
+            from ..multicrop_config import MAX_COLOR_STRENGTH  # here: it imports torch (the demo's cli stays light)
+
             if not 0 <= value <= MAX_COLOR_STRENGTH:
                 ap.error(f"--color-strength must be in [0, {MAX_COLOR_STRENGTH}]")
             continue
