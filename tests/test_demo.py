@@ -72,6 +72,7 @@ def test_mode_recipe_reaches_the_config(tmp_path):
     precise BN on, the yaml's colour distortion); the command line overrides both, an ``--override``
     wins over the mode, and bad values are argparse errors."""
     from vissl_swav_plugin.demo.cli import parse_args
+    from vissl_swav_plugin.demo.common import DemoError
     from vissl_swav_plugin.demo.training import CONFIG, training_overrides
 
     yaml_cfg = compose([f"config={CONFIG}"])
@@ -93,6 +94,15 @@ def test_mode_recipe_reaches_the_config(tmp_path):
         0.15, False, 0.3)
     assert composed(["--precise-bn", "on"])[1] is True
     assert composed(["--quick"], ["config.DATA.TRAIN.TRANSFORMS.0.color_strength=0.7"])[2] == 0.7
+    # the modes leave the colour distortion to the config: a user's own transforms are not touched ...
+    mode = dict(parse_args(["--quick"])[1], epochs=2)
+    other = ["config.DATA.TRAIN.TRANSFORMS=[{name:multicrop_plugin,total_num_crops:2,num_crops:[2],size_crops:[28],"
+             "crop_scales:[[0.3,1.0]],color_strength:0.9}]", "config.LOSS.swav_plugin_loss.num_crops=2"]
+    assert not any("color_strength" in o for o in training_overrides(mode, tmp_path, tmp_path, False, 2, 0, other)[:-2])
+    # ... and --color-strength without a multicrop_plugin entry to act on is an error, not ignored
+    mode["color_strength"] = 0.3
+    with pytest.raises(DemoError, match="--color-strength needs a multicrop_plugin entry"):
+        training_overrides(mode, tmp_path, tmp_path, False, 2, 0, ["config.DATA.TRAIN.TRANSFORMS=[]"])
     for bad in (["--temperature", "0"], ["--temperature", "-0.1"], ["--temperature", "x"], ["--precise-bn", "yes"],
                 ["--color-strength", "-0.1"], ["--color-strength", "2.6"], ["--color-strength", "x"]):
         with pytest.raises(SystemExit):

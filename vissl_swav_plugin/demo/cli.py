@@ -34,9 +34,9 @@ DESCRIPTION = "`make demo`: SwAV on Fashion-MNIST on a few CPU cores, end to end
 # keeps the yaml's 0.1 and no precise BN until it is measured with them.
 MODES = {
     "full": dict(train_per_class=1000, test_per_class=1000, iters=1248, epochs=None, batch=64, queue=0,
-                 freeze=100, prototypes=100, temperature=0.1, precise_bn=False, color_strength=0.5),
+                 freeze=100, prototypes=100, temperature=0.1, precise_bn=False, color_strength=None),
     "quick": dict(train_per_class=500, test_per_class=100, iters=468, epochs=None, batch=64, queue=0,
-                  freeze=30, prototypes=100, temperature=0.2, precise_bn=True, color_strength=0.5),
+                  freeze=30, prototypes=100, temperature=0.2, precise_bn=True, color_strength=None),
 }
 
 
@@ -116,8 +116,12 @@ def build_parser():
     ap.add_argument("--amp", choices=["auto", "on", "off"], default="auto",
                     help="bf16 autocast: auto = on where the CPU has native bf16 (default)")
     for key in MODES["full"]:
-        default = (f"full {MODES['full'][key]}, quick {MODES['quick'][key]}" if key != "epochs"
-                   else "the number that gives about --iters iterations on the data")
+        if key == "epochs":
+            default = "the number that gives about --iters iterations on the data"
+        elif MODES["full"][key] is None and MODES["quick"][key] is None:
+            default = "both modes: the config's value"
+        else:
+            default = f"full {MODES['full'][key]}, quick {MODES['quick'][key]}"
         ap.add_argument(f"--{key.replace('_', '-')}", type=MODE_TYPES.get(key, int), default=None,
                         metavar="{on,off}" if MODE_TYPES.get(key) is _on_off else None,
                         help=f"override the mode's {key} ({default})")

@@ -122,8 +122,9 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
     Args:
         mode: the mode's sizes (``batch``, ``epochs`` -- set, see :func:`.cli.epochs_for` --,
             ``queue``, ``freeze``, ``prototypes``) and, when present, ``temperature``,
-            ``precise_bn`` (HOOKS.PRECISE_BN.ENABLED) and ``color_strength`` (the multicrop
-            transform's colour-distortion strength s; 0 turns the colour jitter off).
+            ``precise_bn`` (HOOKS.PRECISE_BN.ENABLED) and ``color_strength`` (the colour-distortion
+            strength s of every ``multicrop_plugin`` entry; 0 turns the colour jitter off; None,
+            both modes' default, keeps the config's).
         data_folder: the ImageFolder to train on (DATA_PATHS and LABEL_PATHS).
         ckpt_dir: VISSL's CHECKPOINT.DIR.
         use_amp: bf16 autocast (MODEL.AMP_PARAMS.USE_AMP).
