@@ -93,6 +93,13 @@ def test_mode_recipe_reaches_the_config(tmp_path):
     assert composed(["--quick", "--temperature", "0.15", "--precise-bn", "off", "--color-strength", "0.3"]) == (
         0.15, False, 0.3)
     assert composed(["--precise-bn", "on"])[1] is True
+    # the mode's number of prototypes goes into the config's own head entry, its other keys kept
+    for argv, k in (([], 100), (["--quick", "--prototypes", "37"], 37)):
+        mode = dict(parse_args(argv)[1], epochs=2)
+        (name, params), = compose(training_overrides(mode, tmp_path, tmp_path, False, 2, 0)).MODEL.HEAD.PARAMS
+        assert name == "swav_plugin_head" and list(params["num_clusters"]) == [k]
+        assert {key: params[key] for key in params if key != "num_clusters"} == {
+            key: value for key, value in yaml_cfg.MODEL.HEAD.PARAMS[0][1].items() if key != "num_clusters"}
     assert composed(["--quick"], ["config.DATA.TRAIN.TRANSFORMS.0.color_strength=0.7"])[2] == 0.7
     # the modes leave the colour distortion to the config: a user's own transforms are not touched ...
     mode = dict(parse_args(["--quick"])[1], epochs=2)

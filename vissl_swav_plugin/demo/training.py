@@ -172,6 +172,11 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         base += [f"config.DATA.TRAIN.TRANSFORMS.{i}.color_strength={mode['color_strength']}" for i in crops]
     if not any(o.split("=", 1)[0].lstrip("+") == "config.MODEL.HEAD.PARAMS" for o in user):
         head = [list(p) for p in composed.MODEL.HEAD.PARAMS]
+        if len(head) != 1 or head[0][0] != "swav_plugin_head":
+            raise DemoError(f"{CONFIG}: expected one swav_plugin_head in MODEL.HEAD.PARAMS, got {head}")
+        params = dict(head[0][1])
+        params["num_clusters"] = [mode["prototypes"]]
+        base.append(f"config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{hydra_value(params)}]]")
     return base + user
 
 
