@@ -119,10 +119,12 @@ def test_mode_recipe_reaches_the_config(tmp_path):
 def test_training_length_is_an_iteration_budget():
     """The mode's ``iters`` budget gives the epochs: the closest whole number of epochs for
     any data size (so a small image set trains as many steps, not fewer), Fashion-MNIST's
-    full / quick runs keep their 16 / 12 epochs, and ``--epochs`` wins."""
+    full run trains the config's own epochs (18) and the quick run 12, and ``--epochs`` wins."""
     from vissl_swav_plugin.demo.cli import MODES, epochs_for, parse_args
+    from vissl_swav_plugin.demo.common import CONFIG
 
-    assert epochs_for(MODES["full"], (10_000 // 2) // 64) == 16
+    yaml_epochs = compose([f"config={CONFIG}"]).OPTIMIZER.num_epochs
+    assert epochs_for(MODES["full"], (10_000 // 2) // 64) == yaml_epochs == 18
     assert epochs_for(MODES["quick"], (5_000 // 2) // 64) == 12
     for name in ("full", "quick"):
         budget = MODES[name]["iters"]

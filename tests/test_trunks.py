@@ -77,11 +77,53 @@ def test_requested_order_duplicates_and_raw_names():
         (dict(LAYERS=[1, 1, 1]), "LAYERS"),
         (dict(NORM="GroupNorm", WIDTH=12, GROUPNORM_GROUPS=8), "GROUPNORM_GROUPS"),
         (dict(WIDHT=8), "WIDHT"),
+        (dict(CHANNELS_LAST="yes"), "CHANNELS_LAST"),
+        (dict(ZERO_INIT_RESIDUAL=1), "ZERO_INIT_RESIDUAL"),
     ],
 )
 def test_config_errors_name_the_key(params, key):
     with pytest.raises(TrunkConfigError, match=key):
         ResNetSmallPlugin(model_cfg(**params))
+
+
+@pytest.mark.parametrize("norm", ["BatchNorm", "GroupNorm"])
+def test_channels_last_is_the_same_network(norm):
+    """CHANNELS_LAST changes the memory format only: from the same initialisation, the
+    features, the loss's gradients and one SGD step equal the NCHW trunk's (fp32 rounding),
+    the weights and activations are NHWC, and a state dict moves both ways."""
+    params = dict(DEPTH=10, WIDTH=8, NORM=norm, GROUPNORM_GROUPS=4)
+    torch.manual_seed(0)
+    ref = ResNetSmallPlugin(model_cfg(**params))
+    torch.manual_seed(0)
+    cl = ResNetSmallPlugin(model_cfg(CHANNELS_LAST=True, **params))
+    conv = cl._feature_blocks["conv1"].weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    assert not ref._feature_blocks["conv1"].weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(6, 3, 20, 20)  # a plain NCHW batch, as VISSL's collator gives
+    outs = []
+    for net in (ref, cl):
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        res3, feat = net(x, ["res3", "flatten"])
+        feat.pow(2).mean().backward()
+        opt.step()
+        outs.append((res3, feat, {n: p.grad.clone() for n, p in net.named_parameters()},
+                     {n: p.detach().clone() for n, p in net.named_parameters()}))
+    (r3a, fa, ga, pa), (r3b, fb, gb, pb) = outs
+    assert r3b.is_contiguous(memory_format=torch.channels_last) and not r3a.is_contiguous(
+        memory_format=torch.channels_last)
+    torch.testing.assert_close(fb, fa, rtol=1e-4, atol=1e-5)
+    for n in ga:
+        torch.testing.assert_close(gb[n], ga[n], rtol=1e-3, atol=1e-5, msg=f"grad of {n}")
+        torch.testing.assert_close(pb[n], pa[n], rtol=1e-4, atol=1e-5, msg=f"SGD step of {n}")  # lr x grad error
+    # checkpoints move between the two layouts (load_state_dict copies into either format)
+    back = ResNetSmallPlugin(model_cfg(**params))
+    back.load_state_dict(cl.state_dict())
+    fwd = ResNetSmallPlugin(model_cfg(CHANNELS_LAST=True, **params))
+    fwd.load_state_dict(ref.state_dict())
+    assert fwd._feature_blocks["conv1"].weight.is_contiguous(memory_format=torch.channels_last)
+    ref.eval(), cl.eval(), back.eval(), fwd.eval()
+    torch.testing.assert_close(back(x)[0], cl(x)[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fwd(x)[0], ref(x)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_layers_groupnorm_and_lab_input():

@@ -19,17 +19,6 @@ from .common import CONFIG, DemoError, compose_config, fmt_secs
 LAUNCHER = ["-m", "vissl_swav_plugin.tools.launch"]  # = tools/run_distributed_engines.py, also from a wheel
 
 
-def bf16_native():
-    """True where bf16 matmuls/convs run natively (AVX512-BF16 / AMX), i.e. bf16 autocast
-    is a speed-up; elsewhere it would be emulated and slower than fp32."""
-    import torch
-
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:  # pragma: no cover - other builds
-        return False
-
-
 class Progress:
     """One self-updating line on a terminal; a line every ~5% otherwise (logs, CI).
 
