@@ -116,6 +116,24 @@ def test_every_benchmark_config_composes(name, tmp_path):
     assert cfg.MACHINE.DEVICE == ("cpu" if name.endswith("_cpu") else "gpu")
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in BENCH.glob("*_fashion_mnist_cpu.yaml")))
+def test_fashion_mnist_benchmarks_build_the_demo_trunk(name, tmp_path):
+    """Each Fashion-MNIST benchmark config defaults to the trunk that `make demo` trains
+    (pretrain/swav/swav_fashion_mnist_cpu): the demo's checkpoint loads strictly into the
+    model the benchmark builds, with no trunk override."""
+    from vissl_swav_plugin.trunks import resolve_params
+
+    demo = compose(["config=pretrain/swav/swav_fashion_mnist_cpu", f"config.CHECKPOINT.DIR={tmp_path}"])
+    bench = compose([f"config=benchmark/swav_plugin/{name}", f"config.CHECKPOINT.DIR={tmp_path}"])
+    assert bench.MODEL.TRUNK.NAME == demo.MODEL.TRUNK.NAME
+
+    def shape(model_cfg):  # what the weights depend on (not their memory format)
+        p = resolve_params(model_cfg)
+        return {k: p[k] for k in ("LAYERS", "WIDTH", "STEM", "NORM")}
+
+    assert shape(bench.MODEL) == shape(demo.MODEL)
+
+
 @pytest.mark.parametrize("pct,trunk_lr,head_lr", [(1, 0.02, 5.0), (10, 0.01, 0.2)])
 @pytest.mark.parametrize("data", ["fashion_mnist_cpu", "in1k_resnet50"])
 def test_semi_sup_configs_have_the_papers_hyper_parameters(pct, trunk_lr, head_lr, data, tmp_path):

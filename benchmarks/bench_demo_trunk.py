@@ -1,0 +1,114 @@
+"""The demo's training step on CPU: the trunk + SwAV head forward, backward and SGD step for
+one process's batch of the demo's crops, for the trunk settings the demo recipe chose
+between, in one run.
+
+Variants (``resnet_small_plugin`` width 16 and ``swav_plugin_head`` 128-256-64 with 100
+prototypes, as in ``pretrain/swav/swav_fashion_mnist_cpu``):
+
+* ``r18-nchw-bf16``: the recipe before (ResNet-18, NCHW, bf16 autocast) -- the baseline;
+* ``r18-cl-fp32``:   ResNet-18, ``CHANNELS_LAST: True``, fp32;
+* ``r10-cl-bf16``:   ResNet-10, channels-last, bf16 autocast;
+* ``r10-cl-fp32``:   ResNet-10, channels-last, fp32 -- the recipe now.
+
+Each step feeds the crops as VISSL's multi-resolution forward does: the crops of one size
+concatenated into one batch (``2 x batch`` at 28 px, ``4 x batch`` at 16 px).  Steps
+alternate between the variants in rounds (A B C D, then D C B A, ...); the figure is each
+variant's median ms/step after ``--warmup`` rounds, and the ratio is the baseline's median
+over the variant's (> 1: faster than the recipe before).  Threads: ``--threads`` (default 1,
+the demo's threads per training process on the 2-core machine).
+
+usage: python benchmarks/bench_demo_trunk.py [--batch 64] [--crops 2x28,4x16] [--rounds 8]
+          [--warmup 2] [--threads 1]
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+VARIANTS = {  # name: (DEPTH, CHANNELS_LAST, bf16 autocast)
+    "r18-nchw-bf16": (18, False, True),
+    "r18-cl-fp32": (18, True, False),
+    "r10-cl-bf16": (10, True, True),
+    "r10-cl-fp32": (10, True, False),
+}
+BASELINE = "r18-nchw-bf16"
+
+
+def build(depth, channels_last, width=16, prototypes=100):
+    """The demo's trunk and head (VISSL's registered classes), seeded alike."""
+    import vissl  # noqa: F401  (registers the plugin)
+    from vissl.config import AttrDict
+    from vissl_swav_plugin.heads import SwAVPluginHead
+    from vissl_swav_plugin.trunks import ResNetSmallPlugin
+
+    torch.manual_seed(0)
+    cfg = AttrDict({"TRUNK": {"NAME": "resnet_small_plugin", "RESNET_SMALL_PLUGIN": {
+        "DEPTH": depth, "WIDTH": width, "CHANNELS_LAST": channels_last}}, "INPUT_TYPE": "rgb"})
+    trunk = ResNetSmallPlugin(cfg)
+    head = SwAVPluginHead(cfg, dims=[8 * width, 256, 64], num_clusters=[prototypes])
+    return torch.nn.ModuleList([trunk, head])
+
+
+class Step:
+    """One variant's model, optimizer and a fixed batch of crops."""
+
+    def __init__(self, name, crops, batch):
+        depth, channels_last, self.bf16 = VARIANTS[name]
+        self.model = build(depth, channels_last)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        g = torch.Generator().manual_seed(1)
+        self.inputs = [torch.randn(n * batch, 3, s, s, generator=g) for n, s in crops]
+
+    def __call__(self):
+        t = time.perf_counter()
+        trunk, head = self.model
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            loss = 0.0
+            for x in self.inputs:
+                z, scores = head(trunk(x)[0])
+                loss = loss + torch.logsumexp(scores.float() / 0.1, dim=1).mean()
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return (time.perf_counter() - t) * 1000.0
+
+
+def parse_crops(text):
+    """``"2x28,4x16"`` -> ``[(2, 28), (4, 16)]``."""
+    try:
+        return [tuple(int(v) for v in part.split("x")) for part in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"bench_demo_trunk: --crops must look like 2x28,4x16, got {text!r}") from None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=64, help="images per process (default 64, the demo's)")
+    ap.add_argument("--crops", default="2x28,4x16")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    crops = parse_crops(args.crops)
+    steps = {name: Step(name, crops, args.batch) for name in VARIANTS}
+    times = {name: [] for name in VARIANTS}
+    order = list(VARIANTS)
+    for r in range(args.warmup + args.rounds):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            ms = steps[name]()
+            if r >= args.warmup:
+                times[name].append(ms)
+    base = statistics.median(times[BASELINE])
+    print(f"demo training step, batch {args.batch}, crops {args.crops}, {args.threads} thread(s), "
+          f"median of {args.rounds} rounds")
+    for name in VARIANTS:
+        med = statistics.median(times[name])
+        print(f"  {name:14s} {med:8.1f} ms/step   speed-up over {BASELINE}: {base / med:5.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
