@@ -7,6 +7,7 @@ import torch.nn as nn
 import torchvision
 
 import vissl  # noqa: F401  (registers the plugin)
+from _autocast import AMP_MODES
 from conftest import compose
 from vissl.config import AttrDict
 from vissl.models import build_model
@@ -124,6 +125,22 @@ def test_channels_last_is_the_same_network(norm):
     ref.eval(), cl.eval(), back.eval(), fwd.eval()
     torch.testing.assert_close(back(x)[0], cl(x)[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(fwd(x)[0], ref(x)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("amp", sorted(AMP_MODES))
+def test_channels_last_under_autocast(amp):
+    """Under the autocast users run (CUDA-like fp16, bf16), the channels-last trunk computes
+    what the NCHW trunk computes under the same autocast, and stays finite."""
+    torch.manual_seed(0)
+    ref = ResNetSmallPlugin(model_cfg(DEPTH=10, WIDTH=8))
+    torch.manual_seed(0)
+    cl = ResNetSmallPlugin(model_cfg(DEPTH=10, WIDTH=8, CHANNELS_LAST=True))
+    x = torch.randn(8, 3, 28, 28)
+    with AMP_MODES[amp]():
+        a = ref(x)[0].float()
+        b = cl(x)[0].float()
+    assert torch.isfinite(b).all()
+    torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
 
 
 def test_layers_groupnorm_and_lab_input():
