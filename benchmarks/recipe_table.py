@@ -15,11 +15,14 @@ made with (``recipe_table_args.json``); asking for that run again with other ``-
 is an error (use another ``--out``).  A run folder from before this record reads as "not
 recorded" and is reused only without ``--extra``.  The table goes to OUT/table.md and OUT/table.json and holds
 every finished run under OUT, from this invocation and earlier ones, with its extra arguments.
+OUT/quality.md sums the runs up per recipe and set: SwAV's kNN mean ± standard deviation over the
+seeds at 20-NN, 200-NN and 5-NN beside the random-init and raw-pixel means (the README's tables).
 """
 import argparse
 import json
 import math
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -125,6 +128,56 @@ def markdown(rows):
     return "\n".join(lines) + "\n"
 
 
+KNN_KEYS = (("knn20", "20-NN"), ("knn200", "200-NN"), ("nn5_euclid", "5-NN"))
+
+
+def quality(rows):
+    """Per recipe, set and extra arguments, over the finished runs' seeds: SwAV's kNN mean and
+    sample standard deviation at each k, the random-init and raw-pixel means, and SwAV's
+    mean margins over both (issue 14's goals: +2 over raw pixels at every k, +8 over random
+    init).  Returns a list of dicts, one per group, in the order the groups first appear."""
+    groups = {}
+    for r in rows:
+        if r.get("exit_code"):
+            continue
+        groups.setdefault((r["mode"], r["set"], _extra(r)), []).append(r)
+    out = []
+    for (mode, name, extra), runs in groups.items():
+        g = dict(mode=mode, set=name, extra=extra, seeds=sorted(r["seed"] for r in runs),
+                 detector_fired=sum(bool(r["detector_fired"]) for r in runs))
+        for key, _ in KNN_KEYS:
+            swav = [r["swav"][key] for r in runs]
+            rand = statistics.mean(r["random_init"][key] for r in runs)
+            raw = statistics.mean(r["raw_pixels"][key] for r in runs)
+            g[key] = dict(swav=statistics.mean(swav), sd=statistics.stdev(swav) if len(swav) > 1 else None,
+                          random_init=rand, raw_pixels=raw, over_random=statistics.mean(swav) - rand,
+                          over_raw=statistics.mean(swav) - raw)
+        out.append(g)
+    return out
+
+
+def quality_markdown(groups):
+    """:func:`quality`'s groups as a Markdown table: one row per group and k."""
+    head = ("| recipe | set | extra arguments | seeds | detector fired | k | SwAV (mean ± sd) | random init | raw pixels "
+            "| SwAV − random init | SwAV − raw pixels |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for g in groups:
+        for key, label in KNN_KEYS:
+            q = g[key]
+            sd = "" if q["sd"] is None else f" ± {q['sd']:.2f}"
+            lines.append(f"| {g['mode']} | {g['set']} | {g['extra']} | {','.join(map(str, g['seeds']))} | "
+                         f"{g['detector_fired']}/{len(g['seeds'])} | {label} | {q['swav']:.2f}{sd} | "
+                         f"{q['random_init']:.2f} | {q['raw_pixels']:.2f} | {q['over_random']:+.2f} | {q['over_raw']:+.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(out, table):
+    """OUT/table.json, OUT/table.md (one row per run) and OUT/quality.md (per recipe and set)."""
+    (out / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+    (out / "table.md").write_text(markdown(table))
+    (out / "quality.md").write_text(quality_markdown(quality(table)))
+
+
 def _extra(row):
     """The row's extra demo arguments: ``none``, or ``not recorded`` (a run made before they were)."""
     if row.get("extra") is None:
@@ -150,13 +203,14 @@ def main(argv=None):
             for name, source in sets:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     rows.append(run_one(mode, name, Path(source).resolve(), seed, out, args.extra))
-                    table = merge(rows, finished_runs(out))
-                    (out / "table.json").write_text(json.dumps(table, indent=1) + "\n")
-                    (out / "table.md").write_text(markdown(table))
+                    write_tables(out, merge(rows, finished_runs(out)))
     except TableError as e:
         print(f"recipe_table: error: {e}", file=sys.stderr)
         return 2
-    print(markdown(merge(rows, finished_runs(out))))
+    table = merge(rows, finished_runs(out))
+    write_tables(out, table)
+    print(markdown(table))
+    print(quality_markdown(quality(table)))
     return 0
 
 
