@@ -67,6 +67,8 @@ MC = "{name:multicrop_plugin,num_crops:[2,2],size_crops:[32,16],crop_scales:[[0.
      "flip_p"),
     (SMALL[:2], "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPHT:10}",
      "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.DEPHT", "DEPTH"),
+    (["config=pretrain/swav/swav_fashion_mnist_cpu"], "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.CHANNEL_LAST=True",
+     "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.CHANNEL_LAST", "CHANNELS_LAST"),
     ([DC], "config.MODEL.HEAD.PARAMS=[[deepclusterv2_plugin_head,{dims:[64,32,16],use_bnn:True,num_clusters:[8]}]]",
      r"config.MODEL.HEAD.PARAMS[0] (deepclusterv2_plugin_head).use_bnn", "use_bn"),
     ([DC], "+config.LOSS.deepclusterv2_plugin_loss.kmeans_iter=5", "config.LOSS.deepclusterv2_plugin_loss.kmeans_iter",
@@ -81,6 +83,15 @@ def test_unknown_key_is_named_with_the_closest_known_key(base, override, path, n
 
     with pytest.raises(ConfigError, match=re.escape(path) + f".*did you mean '{near}'"):
         compose(base + [override])
+
+
+def test_demo_trunk_channels_last_bad_value_fails_at_compose():
+    """The demo config's trunk block is checked in the launching process: a CHANNELS_LAST that
+    is not a boolean is an error naming the key, before any worker starts."""
+    from vissl_swav_plugin.config_validation import ConfigError
+
+    with pytest.raises(ConfigError, match=r"config\.MODEL\.TRUNK\.RESNET_SMALL_PLUGIN\.CHANNELS_LAST must be true or false"):
+        compose(["config=pretrain/swav/swav_fashion_mnist_cpu", "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.CHANNELS_LAST=yes"])
 
 
 def test_constructor_keys_follow_kwargs_to_the_base_head():
