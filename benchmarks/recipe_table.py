@@ -147,11 +147,11 @@ def quality(rows):
                  detector_fired=sum(bool(r["detector_fired"]) for r in runs))
         for key, _ in KNN_KEYS:
             swav = [r["swav"][key] for r in runs]
+            mean = statistics.mean(swav)
             rand = statistics.mean(r["random_init"][key] for r in runs)
             raw = statistics.mean(r["raw_pixels"][key] for r in runs)
-            g[key] = dict(swav=statistics.mean(swav), sd=statistics.stdev(swav) if len(swav) > 1 else None,
-                          random_init=rand, raw_pixels=raw, over_random=statistics.mean(swav) - rand,
-                          over_raw=statistics.mean(swav) - raw)
+            g[key] = dict(swav=mean, sd=statistics.stdev(swav) if len(swav) > 1 else None,
+                          random_init=rand, raw_pixels=raw, over_random=mean - rand, over_raw=mean - raw)
         out.append(g)
     return out
 
@@ -207,8 +207,7 @@ def main(argv=None):
     except TableError as e:
         print(f"recipe_table: error: {e}", file=sys.stderr)
         return 2
-    table = merge(rows, finished_runs(out))
-    write_tables(out, table)
+    table = merge(rows, finished_runs(out))  # the files were written after the last run
     print(markdown(table))
     print(quality_markdown(quality(table)))
     return 0
