@@ -110,8 +110,23 @@ def test_mode_recipe_reaches_the_config(tmp_path):
     mode["color_strength"] = 0.3
     with pytest.raises(DemoError, match="--color-strength needs a multicrop_plugin entry"):
         training_overrides(mode, tmp_path, tmp_path, False, 2, 0, ["config.DATA.TRAIN.TRANSFORMS=[]"])
+    mode["color_strength"], mode["normalize"] = None, "per_image"
+    with pytest.raises(DemoError, match="--normalize needs a multicrop_plugin entry"):
+        training_overrides(mode, tmp_path, tmp_path, False, 2, 0, ["config.DATA.TRAIN.TRANSFORMS=[]"])
+    # --normalize per_image: every multicrop entry standardises per crop, its mean/std (which
+    # could not act then) removed; --normalize dataset keeps the yaml's
+    per_image = compose(training_overrides(dict(parse_args(["--normalize", "per_image"])[1], epochs=2),
+                                           tmp_path, tmp_path, False, 2, 0))
+    mc = dict(per_image.DATA.TRAIN.TRANSFORMS[0])
+    assert mc["normalize"] == "per_image" and "mean" not in mc and "std" not in mc
+    assert {k: v for k, v in mc.items() if k != "normalize"} == {
+        k: v for k, v in yaml_cfg.DATA.TRAIN.TRANSFORMS[0].items() if k not in ("mean", "std")}
+    back = compose(training_overrides(dict(parse_args(["--normalize", "dataset"])[1], epochs=2), tmp_path, tmp_path,
+                                      False, 2, 0))
+    assert dict(back.DATA.TRAIN.TRANSFORMS[0]) == dict(yaml_cfg.DATA.TRAIN.TRANSFORMS[0], normalize="dataset")
     for bad in (["--temperature", "0"], ["--temperature", "-0.1"], ["--temperature", "x"], ["--precise-bn", "yes"],
-                ["--color-strength", "-0.1"], ["--color-strength", "2.6"], ["--color-strength", "x"]):
+                ["--color-strength", "-0.1"], ["--color-strength", "2.6"], ["--color-strength", "x"],
+                ["--normalize", "per_crop"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 
@@ -170,5 +185,6 @@ def test_tools_demo_help_lists_every_option():
                          stdout=subprocess.PIPE, text=True, check=True).stdout
     for opt in ("--quick", "--out", "--data-dir", "--source", "--seed", "--procs", "--random-inits", "--threads",
                 "--amp", "--train-per-class", "--test-per-class", "--epochs", "--batch", "--queue", "--freeze",
-                "--prototypes", "--temperature", "--precise-bn", "--color-strength", "--override", "--device"):
+                "--prototypes", "--temperature", "--precise-bn", "--color-strength", "--normalize", "--override",
+                "--device"):
         assert opt in out, opt

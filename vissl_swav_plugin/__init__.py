@@ -25,6 +25,7 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.search_path",
     "vissl_swav_plugin.deepcluster_v2",
     "vissl_swav_plugin.sela_v2",
+    "vissl_swav_plugin.standardize",
     "vissl_swav_plugin.multicrop",
     "vissl_swav_plugin.trunks",
     "vissl_swav_plugin.progress",

@@ -142,15 +142,20 @@ def _trunk_note(trunk) -> str:
 def check_multicrop_transforms(cfg) -> None:
     """Every ``multicrop_plugin`` entry of ``DATA.{TRAIN,TEST}.TRANSFORMS``: its keys and
     values, with the defaults of ``MultiCropPlugin`` itself (its signature), as the
-    dataloader workers would build it."""
+    dataloader workers would build it; and every ``per_image_standardize_plugin`` entry's
+    keys."""
     from vissl_swav_plugin.multicrop import MultiCropPlugin
     from vissl_swav_plugin.multicrop_config import TRANSFORM_NAME, check_config_keys, validate_params
 
+    from vissl_swav_plugin import standardize
+
     for split in ("TRAIN", "TEST"):
         for i, t in enumerate((cfg.DATA.get(split) or {}).get("TRANSFORMS") or []):
+            path = f"config.DATA.{split}.TRANSFORMS[{i}]"
+            if hasattr(t, "get") and t.get("name") == standardize.TRANSFORM_NAME:
+                standardize.check_keys(t, path)
             if not hasattr(t, "get") or t.get("name") != TRANSFORM_NAME:
                 continue
-            path = f"config.DATA.{split}.TRANSFORMS[{i}]"
             kwargs = check_config_keys(t, path)
             bound = inspect.signature(MultiCropPlugin).bind(**kwargs)
             bound.apply_defaults()

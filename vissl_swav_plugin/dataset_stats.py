@@ -4,7 +4,9 @@ VISSL's transforms are a list, so their mean/std can only be overridden by posit
 (``config.DATA.TRAIN.TRANSFORMS.0.mean=...``), which depends on each config's transform
 chain.  With this key set, the config inference (run by every launcher when it composes a
 config, see :mod:`.config_validation`) copies ``MEAN`` / ``STD`` into every transform of the
-split that normalises: ``multicrop_plugin`` and ``Normalize`` (``mean`` / ``std``).
+split that normalises: ``multicrop_plugin`` and ``Normalize`` (``mean`` / ``std``).  A
+``multicrop_plugin`` with ``normalize: per_image`` (:mod:`.standardize`) takes no mean/std and
+is left alone; a split where no transform takes them is an error.
 
 ``swav-plugin-mean-std`` writes the key for a dataset as a config file,
 ``configs/config/dataset_stats/<name>.yaml`` (TRAIN and TEST), used with
@@ -56,7 +58,8 @@ def apply_normalize_keys(cfg):
         if min(std) <= 0:
             raise ConfigError(f"config.{key}.STD must be > 0, got {std}")
         transforms = data.get("TRANSFORMS") or []
-        hits = [t for t in transforms if t.get("name") in NORMALIZING]
+        # a multicrop_plugin with normalize: per_image standardises each crop by itself
+        hits = [t for t in transforms if t.get("name") in NORMALIZING and t.get("normalize") != "per_image"]
         if transforms and not hits:
             raise ConfigError(f"config.{key} is set but no transform of config.DATA.{split}.TRANSFORMS "
                               f"takes a mean/std ({', '.join(NORMALIZING)})")

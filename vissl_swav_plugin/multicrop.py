@@ -106,7 +106,8 @@ class MultiCropPlugin(ClassyTransform):
     probability ``color_jitter_p`` (factors ``1 +- 0.8s`` for brightness / contrast /
     saturation, hue ``+- 0.2s``, ops in random order), grayscale with probability
     ``grayscale_p``, Gaussian blur with probability ``blur_p``, horizontal flip with
-    probability ``flip_p``; finally ``(x - mean) / std``.
+    probability ``flip_p``; finally ``(x - mean) / std`` (or, with ``normalize: per_image``,
+    each crop standardised by its own mean and std).
 
     Args:
         num_crops: crops per group, e.g. ``[2, 6]``.
@@ -123,7 +124,13 @@ class MultiCropPlugin(ClassyTransform):
         blur_sigma: Gaussian sigma range in pixels of the crop (default ``[0.1, 2.0]``),
             one pair or one per group.
         blur_kernel_frac: kernel size as a fraction of the crop size (default 0.1).
-        mean, std: normalisation (per channel, in [0, 1] units).
+        mean, std: normalisation (per channel, in [0, 1] units; default ImageNet's) with
+            ``normalize: dataset``.
+        normalize: ``dataset`` (default, the official code's): ``(x - mean) / std``;
+            ``per_image``: each crop ``(x - its mean) / max(its std, min_std)`` over all its
+            channels and pixels (:mod:`vissl_swav_plugin.standardize`; brightness and
+            contrast changes then leave the input unchanged).
+        min_std: ``per_image`` only: the std divisor's floor in [0, 1] units (default 0.1).
         to_tensor: True (default) returns normalised float tensors; False returns PIL
             crops (flipped and colour-augmented) for further PIL transforms.
         interpolation: resize filter, ``bilinear`` (default) | ``bicubic`` | ...
@@ -152,15 +159,17 @@ class MultiCropPlugin(ClassyTransform):
         blur_p: Any = 0.5,
         blur_sigma: Any = (0.1, 2.0),
         blur_kernel_frac: float = 0.1,
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
         to_tensor: bool = True,
         interpolation: str = "bilinear",
+        normalize: str = "dataset",
+        min_std: Optional[float] = None,
     ):
         p = validate_params(
             num_crops, size_crops, crop_scales, crop_ratios, total_num_crops, flip_p,
             color_strength, color_jitter_p, grayscale_p, blur_p, blur_sigma, blur_kernel_frac,
-            mean, std, to_tensor, interpolation,
+            mean, std, to_tensor, interpolation, normalize, min_std,
         )
         counts, sizes, scales, ratios = p.counts, p.sizes, p.scales, p.ratios
         self.num_crops = counts
@@ -171,6 +180,7 @@ class MultiCropPlugin(ClassyTransform):
         self.to_tensor = p.to_tensor
         self.resample = p.resample
         self.mean, self.std = p.mean, p.std
+        self.normalize, self.min_std = p.normalize, p.min_std
 
         # per-crop parameter arrays (crop k belongs to group g[k])
         g = np.repeat(np.arange(len(counts)), counts)
@@ -199,10 +209,12 @@ class MultiCropPlugin(ClassyTransform):
         self._size_groups: Dict[int, List[int]] = {}
         for k, s in enumerate(self._size):
             self._size_groups.setdefault(s, []).append(k)
-        m = torch.tensor(p.mean, dtype=torch.float32).view(1, 3, 1, 1)
-        sd = torch.tensor(p.std, dtype=torch.float32).view(1, 3, 1, 1)
-        self._offset = m * 255.0  # x_uint8 -> (x / 255 - mean) / std
-        self._inv = 1.0 / (sd * 255.0)
+        self._offset = self._inv = None
+        if p.mean is not None:  # normalize: dataset
+            m = torch.tensor(p.mean, dtype=torch.float32).view(1, 3, 1, 1)
+            sd = torch.tensor(p.std, dtype=torch.float32).view(1, 3, 1, 1)
+            self._offset = m * 255.0  # x_uint8 -> (x / 255 - mean) / std
+            self._inv = 1.0 / (sd * 255.0)
 
     # -- sampling -------------------------------------------------------------------
     def _crop_boxes(self, width: int, height: int, u: np.ndarray) -> np.ndarray:
@@ -332,7 +344,7 @@ class MultiCropPlugin(ClassyTransform):
         ]
         if not self.to_tensor:
             return to_rgb_crops(crops, flips)
-        return to_normalized_tensors(crops, flips, self._size_groups, self._offset, self._inv)
+        return to_normalized_tensors(crops, flips, self._size_groups, self._offset, self._inv, self.min_std)
 
     @classmethod
     def from_config(cls, config: Dict[str, Any]) -> "MultiCropPlugin":

@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image
 
 from vissl_swav_plugin.config_validation import ConfigError, check_known_keys
+from vissl_swav_plugin.standardize import DATASET, DEFAULT_MIN_STD, NORMALIZE_MODES
 
 TRANSFORM_NAME = "multicrop_plugin"
 
@@ -49,6 +50,8 @@ KNOWN_KEYS = {
     "std",
     "to_tensor",
     "interpolation",
+    "normalize",
+    "min_std",
 }
 REQUIRED_KEYS = ("num_crops", "size_crops", "crop_scales")
 
@@ -74,10 +77,12 @@ class MultiCropParams(NamedTuple):
     blur_p: List[float]  #: Gaussian-blur probability per group
     sigma: List[Pair]  #: blur sigma range per group
     blur_kernel_frac: float  #: blur kernel size as a fraction of the crop size
-    mean: Tuple[float, float, float]  #: normalisation mean (per RGB channel, [0, 1] units)
-    std: Tuple[float, float, float]  #: normalisation std (per RGB channel, > 0)
+    mean: Optional[Tuple[float, float, float]]  #: dataset mean (per RGB channel, [0, 1] units); None: per_image
+    std: Optional[Tuple[float, float, float]]  #: dataset std (per RGB channel, > 0); None: per_image
     to_tensor: bool  #: return normalised tensors (else PIL crops)
     resample: int  #: PIL resampling filter for the crop resize
+    normalize: str  #: ``dataset`` ((x - mean) / std) or ``per_image`` (each crop by its own statistics)
+    min_std: Optional[float]  #: per_image: the std divisor's floor ([0, 1] units); None for dataset
 
 
 def _err(key, msg):
@@ -192,10 +197,12 @@ def validate_params(
     blur_p: Any,
     blur_sigma: Any,
     blur_kernel_frac: float,
-    mean: Sequence[float],
-    std: Sequence[float],
+    mean: Optional[Sequence[float]],
+    std: Optional[Sequence[float]],
     to_tensor: bool,
     interpolation: str,
+    normalize: str = DATASET,
+    min_std: Optional[float] = None,
 ) -> MultiCropParams:
     """Check the ``multicrop_plugin`` arguments and normalise them per crop group.
 
@@ -203,7 +210,9 @@ def validate_params(
         num_crops ... interpolation: the arguments of
             :class:`vissl_swav_plugin.multicrop.MultiCropPlugin` (see its docstring);
             ``flip_p``, ``color_strength``, ``color_jitter_p``, ``grayscale_p``,
-            ``blur_p`` and ``blur_sigma`` are per group.
+            ``blur_p`` and ``blur_sigma`` are per group.  ``mean`` / ``std`` None means
+            ImageNet's with ``normalize: dataset``; they cannot be given with ``per_image``,
+            nor ``min_std`` with ``dataset``.
 
     Returns:
         A :class:`MultiCropParams` with one entry per crop group in its list fields.
@@ -243,18 +252,40 @@ def validate_params(
     sigma = _per_group(blur_sigma, "blur_sigma", n, _open_pair)
     if not _is_num(blur_kernel_frac) or not 0.0 <= float(blur_kernel_frac) <= 1.0:
         raise _err("blur_kernel_frac", f"must be a number in [0, 1], got {blur_kernel_frac!r}")
-    mean = _triple(mean, "mean")
-    std = _triple(std, "std")
-    if any(v <= 0 for v in std):
-        raise _err("std", f"must be > 0, got {list(std)}")
     if not isinstance(to_tensor, (bool, np.bool_)):
         raise _err("to_tensor", f"must be true or false, got {to_tensor!r}")
+    mean, std, min_std = _normalization(normalize, mean, std, min_std, bool(to_tensor))
     if interpolation not in RESAMPLE:
         raise _err("interpolation", f"must be one of {sorted(RESAMPLE)}, got {interpolation!r}")
     return MultiCropParams(
         counts, sizes, scales, ratios, flip, strength, jit_p, gray_p, blur, sigma,
-        blur_kernel_frac, mean, std, bool(to_tensor), RESAMPLE[interpolation],
+        blur_kernel_frac, mean, std, bool(to_tensor), RESAMPLE[interpolation], normalize, min_std,
     )
+
+
+def _normalization(normalize, mean, std, min_std, to_tensor):
+    """``(mean, std, min_std)`` of the ``normalize`` mode; a key that cannot act in that mode
+    is an error, not ignored."""
+    if normalize not in NORMALIZE_MODES:
+        raise _err("normalize", f"must be one of {list(NORMALIZE_MODES)}, got {normalize!r}")
+    if normalize == DATASET:
+        if min_std is not None:
+            raise _err("min_std", "acts only with normalize: per_image (remove it, or set normalize: per_image)")
+        mean = _triple(IMAGENET_MEAN if mean is None else mean, "mean")
+        std = _triple(IMAGENET_STD if std is None else std, "std")
+        if any(v <= 0 for v in std):
+            raise _err("std", f"must be > 0, got {list(std)}")
+        return mean, std, None
+    for key, value in (("mean", mean), ("std", std)):
+        if value is not None:
+            raise _err(key, "cannot act with normalize: per_image (each crop is standardised by its own "
+                            "mean and std): remove it")
+    if not to_tensor:
+        raise _err("normalize", "per_image standardises the output tensors: it needs to_tensor: true")
+    min_std = DEFAULT_MIN_STD if min_std is None else min_std
+    if not _is_num(min_std) or not 0.0 < float(min_std) < math.inf:
+        raise _err("min_std", f"must be a number > 0 (the std floor in [0, 1] pixel units), got {min_std!r}")
+    return None, None, float(min_std)
 
 
 def check_config_keys(config: Mapping[str, Any], path: str = TRANSFORM_NAME) -> dict:

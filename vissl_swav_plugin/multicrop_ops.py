@@ -39,6 +39,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageFilter
 
+from vissl_swav_plugin.standardize import standardize_
+
 __all__ = ["color_jitter", "gaussian_blur", "truncated_gaussian_kernel", "to_normalized_tensors", "to_rgb_crops"]
 
 # ITU-R 601-2 luma, the weights PIL (and torchvision) use for grayscale / saturation.
@@ -230,8 +232,9 @@ def to_normalized_tensors(
     crops: Sequence[Image.Image],
     flips: Sequence[bool],
     size_groups: Dict[int, List[int]],
-    offset: torch.Tensor,
-    inv: torch.Tensor,
+    offset: Optional[torch.Tensor],
+    inv: Optional[torch.Tensor],
+    min_std: Optional[float] = None,
 ) -> List[torch.Tensor]:
     """``RandomHorizontalFlip`` + ``ToTensor`` + ``Normalize`` for all crops of an image:
     ``(flip(x_uint8) - 255 mean) / (255 std)`` per channel.
@@ -244,8 +247,10 @@ def to_normalized_tensors(
         crops: the augmented square crops (``RGB`` or ``L``).
         flips: one flag per crop: mirror it left-right.
         size_groups: ``{side: [crop indices of that side]}`` covering every crop.
-        offset: ``255 * mean`` shaped ``[1, 3, 1, 1]``.
-        inv: ``1 / (255 * std)`` shaped ``[1, 3, 1, 1]``.
+        offset: ``255 * mean`` shaped ``[1, 3, 1, 1]`` (None with ``min_std``).
+        inv: ``1 / (255 * std)`` shaped ``[1, 3, 1, 1]`` (None with ``min_std``).
+        min_std: given: standardise each crop by its own statistics instead
+            (:func:`vissl_swav_plugin.standardize.standardize_`, floor ``min_std``).
 
     Returns:
         One ``float32`` tensor ``[3, s, s]`` per crop, in the order of ``crops``.
@@ -263,7 +268,10 @@ def to_normalized_tensors(
             if flips[k]:
                 a = a[:, :, ::-1]
             np.copyto(dst[j], a, casting="unsafe")
-        batch.sub_(offset).mul_(inv)
+        if min_std is not None:
+            standardize_(batch, min_std, scale=255.0)
+        else:
+            batch.sub_(offset).mul_(inv)
         out_views = batch.unbind(0)
         for j, k in enumerate(idx):
             out[k] = out_views[j]

@@ -20,7 +20,8 @@ and appends a JSON record to ``<CHECKPOINT.DIR>/online_knn.jsonl``; with
 
 Images: ``ImageFolder`` layout (``<path>/<class>/<image>``, the same class folders in both
 paths), read as RGB, resized (shorter side ``RESIZE``), centre-cropped to ``CROP_SIZE`` and
-normalised with ``MEAN`` / ``STD``.
+normalised with ``MEAN`` / ``STD``, or, with ``MIN_STD`` set, each standardised by its own
+mean and std (floor ``MIN_STD``), as ``multicrop_plugin``'s ``normalize: per_image`` does.
 
 Config (defaults used for absent keys)::
 
@@ -38,6 +39,7 @@ Config (defaults used for absent keys)::
           CROP_SIZE: 224
           MEAN: [0.485, 0.456, 0.406]
           STD: [0.229, 0.224, 0.225]
+          MIN_STD: null             # a number: per-image standardisation (MEAN/STD then left at their defaults)
           BATCH_SIZE: 64
 """
 import json
@@ -53,12 +55,13 @@ from vissl_swav_plugin.config_validation import (
     require_str,
 )
 from vissl_swav_plugin.hooks import NoOpHook, register_monitor_hooks
+from vissl_swav_plugin.standardize import PerImageStandardize, check_min_std
 
 #: every key of ``config.HOOKS.ONLINE_KNN`` with its default
 DEFAULTS = {
     "ENABLED": False, "TRAIN_PATH": "", "TEST_PATH": "", "EVERY_N_EPOCHS": 1, "TOPK": 20,
     "TEMPERATURE": 0.07, "FEATURE_LAYER": "res5avg", "RESIZE": 256, "CROP_SIZE": 224,
-    "MEAN": [0.485, 0.456, 0.406], "STD": [0.229, 0.224, 0.225], "BATCH_SIZE": 64,
+    "MEAN": [0.485, 0.456, 0.406], "STD": [0.229, 0.224, 0.225], "MIN_STD": None, "BATCH_SIZE": 64,
 }
 
 
@@ -90,6 +93,12 @@ def online_knn_config(cfg) -> dict:
               "BATCH_SIZE": int1, "TEMPERATURE": require_positive_number, "FEATURE_LAYER": require_str,
               "MEAN": _require_triple, "STD": lambda v, k: _require_triple(v, k, positive=True)}
     c = hook_block(cfg, "ONLINE_KNN", DEFAULTS, checks)
+    if c["MIN_STD"] is not None:  # per-image standardisation, as multicrop_plugin's normalize: per_image
+        check_min_std(c["MIN_STD"], "MIN_STD", "config.HOOKS.ONLINE_KNN")
+        given = [k for k in ("MEAN", "STD") if list(c[k]) != DEFAULTS[k]]
+        if given:
+            raise ConfigError(f"config.HOOKS.ONLINE_KNN.{given[0]} cannot act with MIN_STD set (each image is "
+                              "standardised by its own mean and std): remove it, or MIN_STD")
     if c["ENABLED"]:
         _require_folder(c["TRAIN_PATH"], "HOOKS.ONLINE_KNN.TRAIN_PATH")
         _require_folder(c["TEST_PATH"], "HOOKS.ONLINE_KNN.TEST_PATH")
@@ -102,8 +111,9 @@ def image_folder(path, c):
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
 
-    tf = T.Compose([T.Resize(c["RESIZE"]), T.CenterCrop(c["CROP_SIZE"]), T.ToTensor(),
-                    T.Normalize(list(c["MEAN"]), list(c["STD"]))])
+    norm = (PerImageStandardize(c["MIN_STD"]) if c["MIN_STD"] is not None
+            else T.Normalize(list(c["MEAN"]), list(c["STD"])))
+    tf = T.Compose([T.Resize(c["RESIZE"]), T.CenterCrop(c["CROP_SIZE"]), T.ToTensor(), norm])
     return ImageFolder(path, transform=tf)
 
 

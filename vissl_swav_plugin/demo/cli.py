@@ -34,9 +34,11 @@ DESCRIPTION = "`make demo`: SwAV on Fashion-MNIST on a few CPU cores, end to end
 # keeps the paper's 0.1 and re-estimates the BatchNorm statistics too (README, "The demo").
 MODES = {
     "full": dict(train_per_class=1000, test_per_class=1000, iters=1404, epochs=None, batch=64, queue=0,
-                 freeze=100, prototypes=100, temperature=0.1, precise_bn=True, color_strength=None),
+                 freeze=100, prototypes=100, temperature=0.1, precise_bn=True, color_strength=None,
+                 normalize=None),
     "quick": dict(train_per_class=500, test_per_class=100, iters=468, epochs=None, batch=64, queue=0,
-                  freeze=30, prototypes=100, temperature=0.2, precise_bn=True, color_strength=None),
+                  freeze=30, prototypes=100, temperature=0.2, precise_bn=True, color_strength=None,
+                  normalize=None),
 }
 
 
@@ -47,8 +49,17 @@ def _on_off(value):
     return value == "on"
 
 
+def _normalize_mode(value):
+    """``dataset`` / ``per_image``: the command-line type of ``--normalize``."""
+    if value not in ("dataset", "per_image"):
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from 'dataset', 'per_image')")
+    return value
+
+
 #: the MODES keys that are not whole numbers, and their command-line types
-MODE_TYPES = {"temperature": float, "precise_bn": _on_off, "color_strength": float}
+MODE_TYPES = {"temperature": float, "precise_bn": _on_off, "color_strength": float, "normalize": _normalize_mode}
+#: the metavar of the MODES options with a fixed set of values
+MODE_CHOICES = {_on_off: "{on,off}", _normalize_mode: "{dataset,per_image}"}
 
 
 def epochs_for(mode, iters_per_epoch):
@@ -124,7 +135,7 @@ def build_parser():
         else:
             default = f"full {MODES['full'][key]}, quick {MODES['quick'][key]}"
         ap.add_argument(f"--{key.replace('_', '-')}", type=MODE_TYPES.get(key, int), default=None,
-                        metavar="{on,off}" if MODE_TYPES.get(key) is _on_off else None,
+                        metavar=MODE_CHOICES.get(MODE_TYPES.get(key)),
                         help=f"override the mode's {key} ({default})")
     ap.add_argument("--override", action="append", default=[],
                     help="extra VISSL override for training and evaluation, e.g. "
@@ -145,7 +156,7 @@ def parse_args(argv=None):
     if args.procs is not None and args.procs < 1:
         ap.error("--procs must be >= 1")
     for key, value in mode.items():
-        if value is None or isinstance(value, bool):
+        if value is None or isinstance(value, (bool, str)):
             continue
         if key == "temperature":
             if not value > 0:

@@ -52,34 +52,45 @@ def load_checkpoint(model, ckpt_path):
 
 
 def transform_stats(config):
-    """``(mean, std)`` per RGB channel of the training's ``multicrop_plugin`` transform
-    (its defaults: ImageNet's), or the identity ``([0, 0, 0], [1, 1, 1])`` without one."""
+    """How the training's ``multicrop_plugin`` transform normalises its crops:
+    ``{"mean": [r, g, b], "std": [r, g, b], "min_std": None}`` (``normalize: dataset``; its
+    defaults: ImageNet's), ``{"mean": None, "std": None, "min_std": m}`` (``normalize:
+    per_image``), or the identity ``([0, 0, 0], [1, 1, 1])`` without such a transform."""
+    from vissl_swav_plugin.multicrop import MultiCropPlugin
+    from vissl_swav_plugin.multicrop_config import check_config_keys
+
     for t in config.DATA.TRAIN.TRANSFORMS:
         if t["name"] == "multicrop_plugin":
-            return list(t.get("mean", (0.485, 0.456, 0.406))), list(t.get("std", (0.229, 0.224, 0.225)))
-    return [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]
+            mc = MultiCropPlugin(**check_config_keys(t))
+            return dict(mean=mc.mean and list(mc.mean), std=mc.std and list(mc.std), min_std=mc.min_std)
+    return dict(mean=[0.0, 0.0, 0.0], std=[1.0, 1.0, 1.0], min_std=None)
 
 
-def to_input(images_u8, mean, std):
+def to_input(images_u8, norm):
     """uint8 [N, 28, 28] gray -> normalised float [N, 3, 28, 28], exactly what the training
-    pipeline does to a full image (PNG -> RGB -> tensor -> normalise), without cropping."""
+    pipeline does to a full image (PNG -> RGB -> tensor -> normalise), without cropping;
+    ``norm`` is :func:`transform_stats`'s dict."""
     import torch
+    from vissl_swav_plugin.standardize import standardize_
 
     x = torch.from_numpy(images_u8).float().div_(255.0)[:, None].expand(-1, 3, -1, -1)
-    m = torch.tensor(mean, dtype=torch.float32)[None, :, None, None]
-    s = torch.tensor(std, dtype=torch.float32)[None, :, None, None]
+    if norm["min_std"] is not None:
+        return standardize_(x.contiguous(), norm["min_std"])
+    m = torch.tensor(norm["mean"], dtype=torch.float32)[None, :, None, None]
+    s = torch.tensor(norm["std"], dtype=torch.float32)[None, :, None, None]
     return (x - m) / s
 
 
-def extract(model, images_u8, mean, std, batch=500):
+def extract(model, images_u8, norm, batch=500):
     """``(features, scores)``: res5avg trunk features [N, D] and the head's prototype
-    scores [N, K] of uint8 images (fp32, eval mode, no gradients)."""
+    scores [N, K] of uint8 images (fp32, eval mode, no gradients); ``norm``: see
+    :func:`to_input`."""
     import torch
 
     feats, scores = [], []
     with torch.no_grad():
         for i in range(0, len(images_u8), batch):
-            x = to_input(images_u8[i:i + batch], mean, std)
+            x = to_input(images_u8[i:i + batch], norm)
             f = model.trunk(x, out_feat_keys=["res5avg"])[0].flatten(1)
             out = model.heads[0](f)
             feats.append(f)
@@ -133,10 +144,10 @@ def random_init_seeds(seed, num_epochs, count):
 class _FeatureKnn:
     """kNN of one model's features on the demo's images; records times, logs one line."""
 
-    def __init__(self, data, mean, std, timings, log):
+    def __init__(self, data, norm, timings, log):
         import numpy as np
 
-        self.data, self.mean, self.std, self.timings, self.log = data, mean, std, timings, log
+        self.data, self.norm, self.timings, self.log = data, norm, timings, log
         self.ytr, self.yte = data["train_y"].astype(np.int64), data["test_y"].astype(np.int64)
 
     def __call__(self, name, model):
@@ -144,8 +155,8 @@ class _FeatureKnn:
         from vissl_swav_plugin.knn import format_metrics, knn_report
 
         t = time.time()
-        ftr, _ = extract(model, self.data["train_x"], self.mean, self.std)
-        fte, ste = extract(model, self.data["test_x"], self.mean, self.std)
+        ftr, _ = extract(model, self.data["train_x"], self.norm)
+        fte, ste = extract(model, self.data["test_x"], self.norm)
         t_feat = time.time() - t
         r = knn_report(ftr, self.ytr, fte, self.yte, num_classes=NUM_CLASSES)
         r["feature_dim"] = int(ftr.shape[1])
@@ -197,9 +208,8 @@ def evaluate(overrides, ckpt_path, data, seed, random_inits=5, log=print):
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     config, trained = build_vissl_model(overrides, seed)
     load_checkpoint(trained, ckpt_path)
-    mean, std = transform_stats(config)
     results, timings, protos = {}, {}, {}
-    features_knn = _FeatureKnn(data, mean, std, timings, log)
+    features_knn = _FeatureKnn(data, transform_stats(config), timings, log)
     results["swav"], scores = features_knn("swav", trained)
     protos["swav"] = prototype_summary(scores, features_knn.yte)
     per_init = []

@@ -111,9 +111,11 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
     Args:
         mode: the mode's sizes (``batch``, ``epochs`` -- set, see :func:`.cli.epochs_for` --,
             ``queue``, ``freeze``, ``prototypes``) and, when present, ``temperature``,
-            ``precise_bn`` (HOOKS.PRECISE_BN.ENABLED) and ``color_strength`` (the colour-distortion
+            ``precise_bn`` (HOOKS.PRECISE_BN.ENABLED), ``color_strength`` (the colour-distortion
             strength s of every ``multicrop_plugin`` entry; 0 turns the colour jitter off; None,
-            both modes' default, keeps the config's).
+            both modes' default, keeps the config's) and ``normalize`` (``dataset`` /
+            ``per_image`` for every ``multicrop_plugin`` entry, :mod:`vissl_swav_plugin.standardize`;
+            None keeps the config's).
         data_folder: the ImageFolder to train on (DATA_PATHS and LABEL_PATHS).
         ckpt_dir: VISSL's CHECKPOINT.DIR.
         use_amp: bf16 autocast (MODEL.AMP_PARAMS.USE_AMP).
@@ -152,13 +154,16 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
                  "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16", "config.DATA.NUM_DATALOADER_WORKERS=8"]
     user = list(user_overrides)
     composed = compose_config(base + user)
+    transforms = list(composed.DATA.TRAIN.TRANSFORMS or [])
+    crops = [i for i, t in enumerate(transforms) if t.get("name") == "multicrop_plugin"]
+    for key in ("color_strength", "normalize"):
+        if mode.get(key) is not None and not crops:
+            raise DemoError(f"{CONFIG}: --{key.replace('_', '-')} needs a multicrop_plugin entry in "
+                            f"DATA.TRAIN.TRANSFORMS, got {[t.get('name') for t in transforms]}")
     if mode.get("color_strength") is not None:
-        crops = [i for i, t in enumerate(composed.DATA.TRAIN.TRANSFORMS or [])
-                 if t.get("name") == "multicrop_plugin"]
-        if not crops:
-            raise DemoError(f"{CONFIG}: --color-strength needs a multicrop_plugin entry in DATA.TRAIN.TRANSFORMS, "
-                            f"got {[t.get('name') for t in composed.DATA.TRAIN.TRANSFORMS or []]}")
         base += [f"config.DATA.TRAIN.TRANSFORMS.{i}.color_strength={mode['color_strength']}" for i in crops]
+    if mode.get("normalize") is not None:
+        base += _normalize_overrides(mode["normalize"], transforms, crops)
     if not any(o.split("=", 1)[0].lstrip("+") == "config.MODEL.HEAD.PARAMS" for o in user):
         head = [list(p) for p in composed.MODEL.HEAD.PARAMS]
         if len(head) != 1 or head[0][0] != "swav_plugin_head":
@@ -167,6 +172,18 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         params["num_clusters"] = [mode["prototypes"]]
         base.append(f"config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{hydra_value(params)}]]")
     return base + user
+
+
+def _normalize_overrides(normalize, transforms, crops):
+    """Overrides that set ``normalize`` on the ``multicrop_plugin`` entries ``crops`` of
+    ``transforms``: ``per_image`` also deletes their ``mean`` / ``std`` (which cannot act
+    then) and ``dataset`` their ``min_std``."""
+    drop = ("mean", "std") if normalize == "per_image" else ("min_std",)
+    out = []
+    for i in crops:
+        out.append(f"++config.DATA.TRAIN.TRANSFORMS.{i}.normalize={normalize}")
+        out += [f"~config.DATA.TRAIN.TRANSFORMS.{i}.{key}" for key in drop if key in transforms[i]]
+    return out
 
 
 def run_training(overrides, run_dir, total_iters, num_epochs, threads):
