@@ -27,6 +27,7 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.sela_v2",
     "vissl_swav_plugin.standardize",
     "vissl_swav_plugin.multicrop",
+    "vissl_swav_plugin.color_warmup",
     "vissl_swav_plugin.trunks",
     "vissl_swav_plugin.progress",
     "vissl_swav_plugin.online_knn",

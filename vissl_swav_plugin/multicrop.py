@@ -131,6 +131,11 @@ class MultiCropPlugin(ClassyTransform):
             channels and pixels (:mod:`vissl_swav_plugin.standardize`; brightness and
             contrast changes then leave the input unchanged).
         min_std: ``per_image`` only: the std divisor's floor in [0, 1] units (default 0.1).
+        color_warmup_iters: the training epochs that start within the first
+            ``color_warmup_iters`` iterations (default 0: none) use ``color_warmup_strength``
+            (scalar or one per group) instead of ``color_strength``
+            (:mod:`vissl_swav_plugin.color_warmup`: a weaker distortion of the global crops at
+            the start kept low-detail images from collapsing).
         to_tensor: True (default) returns normalised float tensors; False returns PIL
             crops (flipped and colour-augmented) for further PIL transforms.
         interpolation: resize filter, ``bilinear`` (default) | ``bicubic`` | ...
@@ -165,11 +170,14 @@ class MultiCropPlugin(ClassyTransform):
         interpolation: str = "bilinear",
         normalize: str = "dataset",
         min_std: Optional[float] = None,
+        color_warmup_iters: int = 0,
+        color_warmup_strength: Any = None,
     ):
         p = validate_params(
             num_crops, size_crops, crop_scales, crop_ratios, total_num_crops, flip_p,
             color_strength, color_jitter_p, grayscale_p, blur_p, blur_sigma, blur_kernel_frac,
-            mean, std, to_tensor, interpolation, normalize, min_std,
+            mean, std, to_tensor, interpolation, normalize, min_std, color_warmup_iters,
+            color_warmup_strength,
         )
         counts, sizes, scales, ratios = p.counts, p.sizes, p.scales, p.ratios
         self.num_crops = counts
@@ -194,16 +202,15 @@ class MultiCropPlugin(ClassyTransform):
         self._ratio_lo = np.array([ratios[i][0] for i in g])
         self._ratio_hi = np.array([ratios[i][1] for i in g])
         self._flip_p = np.array([p.flip_p[i] for i in g])
-        self._jit_p = np.array([p.jitter_p[i] if p.strength[i] > 0 else 0.0 for i in g])
+        self._jitter_p_groups = p.jitter_p
         self._gray_p = np.array([p.gray_p[i] for i in g])
         self._blur_p = np.array([p.blur_p[i] for i in g])
         self._sig_lo = np.array([p.sigma[i][0] for i in g])
         self._sig_span = np.array([p.sigma[i][1] - p.sigma[i][0] for i in g])
-        # jitter factor ranges (torchvision ColorJitter(0.8s, 0.8s, 0.8s, 0.2s))
-        st = np.array([p.strength[i] for i in g])
-        lo = np.maximum(0.0, 1.0 - 0.8 * st)
-        self._fac_lo = np.stack([lo, lo, lo, -0.2 * st], axis=1)
-        self._fac_span = np.stack([1.0 + 0.8 * st - lo] * 3 + [0.4 * st], axis=1)
+        # colour-distortion strength per group: the warm-up's for the first epochs (set_epoch)
+        self.color_strength, self.color_warmup_iters = p.strength, p.warmup_iters
+        self.color_warmup_strength = p.warmup_strength
+        self._set_strength(p.warmup_strength if p.warmup_iters > 0 else p.strength)
         self._radius = [int(p.blur_kernel_frac * s) // 2 for s in self._size]
         # groups of equal output size, in order of first appearance
         self._size_groups: Dict[int, List[int]] = {}
@@ -215,6 +222,34 @@ class MultiCropPlugin(ClassyTransform):
             sd = torch.tensor(p.std, dtype=torch.float32).view(1, 3, 1, 1)
             self._offset = m * 255.0  # x_uint8 -> (x / 255 - mean) / std
             self._inv = 1.0 / (sd * 255.0)
+
+    def _set_strength(self, strength: Sequence[float]) -> None:
+        """Jitter probability and factor ranges per crop for a strength per group
+        (torchvision ``ColorJitter(0.8s, 0.8s, 0.8s, 0.2s)``; s = 0: no jitter)."""
+        g = self._group
+        self._jit_p = np.array([self._jitter_p_groups[i] if strength[i] > 0 else 0.0 for i in g])
+        st = np.array([strength[i] for i in g])
+        lo = np.maximum(0.0, 1.0 - 0.8 * st)
+        self._fac_lo = np.stack([lo, lo, lo, -0.2 * st], axis=1)
+        self._fac_span = np.stack([1.0 + 0.8 * st - lo] * 3 + [0.4 * st], axis=1)
+        self.current_color_strength = list(strength)
+
+    def in_color_warmup(self, epoch: int, iters_per_epoch: int) -> bool:
+        """Whether training epoch ``epoch`` (0-based) of ``iters_per_epoch`` iterations starts
+        within the first ``color_warmup_iters`` iterations (so the warm-up lasts whole epochs:
+        ``ceil(color_warmup_iters / iters_per_epoch)`` of them)."""
+        return self.color_warmup_iters > 0 and int(epoch) * max(1, int(iters_per_epoch)) < self.color_warmup_iters
+
+    def set_epoch(self, epoch: int, iters_per_epoch: int) -> List[float]:
+        """Use the colour-distortion strength of training epoch ``epoch`` (0-based) of
+        ``iters_per_epoch`` iterations: ``color_warmup_strength`` while
+        :meth:`in_color_warmup`, then ``color_strength``.  Called by
+        :class:`vissl_swav_plugin.color_warmup.ColorWarmupHook` before each epoch's data
+        iterator (and its worker processes) is created; a transform used without it keeps the
+        warm-up strength.  Returns the strength per group."""
+        warm = self.in_color_warmup(epoch, iters_per_epoch)
+        self._set_strength(self.color_warmup_strength if warm else self.color_strength)
+        return self.current_color_strength
 
     # -- sampling -------------------------------------------------------------------
     def _crop_boxes(self, width: int, height: int, u: np.ndarray) -> np.ndarray:

@@ -52,6 +52,8 @@ KNOWN_KEYS = {
     "interpolation",
     "normalize",
     "min_std",
+    "color_warmup_iters",
+    "color_warmup_strength",
 }
 REQUIRED_KEYS = ("num_crops", "size_crops", "crop_scales")
 
@@ -83,6 +85,8 @@ class MultiCropParams(NamedTuple):
     resample: int  #: PIL resampling filter for the crop resize
     normalize: str  #: ``dataset`` ((x - mean) / std) or ``per_image`` (each crop by its own statistics)
     min_std: Optional[float]  #: per_image: the std divisor's floor ([0, 1] units); None for dataset
+    warmup_iters: int  #: training iterations at the start with ``warmup_strength`` (0: none; whole epochs)
+    warmup_strength: Optional[List[float]]  #: colour-distortion strength per group during the warm-up
 
 
 def _err(key, msg):
@@ -203,6 +207,8 @@ def validate_params(
     interpolation: str,
     normalize: str = DATASET,
     min_std: Optional[float] = None,
+    color_warmup_iters: int = 0,
+    color_warmup_strength: Any = None,
 ) -> MultiCropParams:
     """Check the ``multicrop_plugin`` arguments and normalise them per crop group.
 
@@ -255,11 +261,13 @@ def validate_params(
     if not isinstance(to_tensor, (bool, np.bool_)):
         raise _err("to_tensor", f"must be true or false, got {to_tensor!r}")
     mean, std, min_std = _normalization(normalize, mean, std, min_std, bool(to_tensor))
+    warm_iters, warm_strength = _color_warmup(color_warmup_iters, color_warmup_strength, n)
     if interpolation not in RESAMPLE:
         raise _err("interpolation", f"must be one of {sorted(RESAMPLE)}, got {interpolation!r}")
     return MultiCropParams(
         counts, sizes, scales, ratios, flip, strength, jit_p, gray_p, blur, sigma,
         blur_kernel_frac, mean, std, bool(to_tensor), RESAMPLE[interpolation], normalize, min_std,
+        warm_iters, warm_strength,
     )
 
 
@@ -286,6 +294,21 @@ def _normalization(normalize, mean, std, min_std, to_tensor):
     if not _is_num(min_std) or not 0.0 < float(min_std) < math.inf:
         raise _err("min_std", f"must be a number > 0 (the std floor in [0, 1] pixel units), got {min_std!r}")
     return None, None, float(min_std)
+
+
+def _color_warmup(iters, strength, n):
+    """``(color_warmup_iters, color_warmup_strength per group or None)``; a strength without
+    warm-up iterations, or warm-up iterations without a strength, cannot act: an error."""
+    if not _is_num(iters) or int(iters) != iters or iters < 0:
+        raise _err("color_warmup_iters", f"must be an integer >= 0 (training iterations), got {iters!r}")
+    if iters > 0 and strength is None:
+        raise _err("color_warmup_strength", "is required with color_warmup_iters > 0 (the colour-distortion "
+                                            "strength of those iterations, scalar or one per crop group)")
+    if iters == 0 and strength is not None:
+        raise _err("color_warmup_strength", "acts only with color_warmup_iters > 0: set both, or neither")
+    if strength is None:
+        return 0, None
+    return int(iters), _per_group(strength, "color_warmup_strength", n, _strength)
 
 
 def check_config_keys(config: Mapping[str, Any], path: str = TRANSFORM_NAME) -> dict:
