@@ -27,9 +27,6 @@ from typing import Iterator, List
 from vissl_swav_plugin.hooks import NoOpHook, register_monitor_hooks
 from vissl_swav_plugin.multicrop_config import TRANSFORM_NAME
 
-LOG = logging.getLogger(__name__)
-
-
 def scheduled_transforms(dataset) -> Iterator:
     """The ``multicrop_plugin`` transforms with a colour warm-up inside a VISSL dataset
     (``GenericSSLDataset.transform``: a ``Compose`` of ``SSLTransformsWrapper``)."""
@@ -73,7 +70,7 @@ def _log_rank0(msg: str) -> None:
     from vissl_swav_plugin import distributed
 
     if not distributed.active() or distributed.rank() == 0:
-        LOG.info(msg)
+        logging.info(msg)  # VISSL's logger (it replaces logging.root; module loggers print nothing)
 
 
 def _warmup_entries(cfg) -> List[dict]:

@@ -1,0 +1,136 @@
+"""The colour-distortion warm-up: ``multicrop_plugin``'s ``color_warmup_iters`` /
+``color_warmup_strength`` and :class:`vissl_swav_plugin.color_warmup.ColorWarmupHook`.
+
+Independent truths: a transform built at the warm-up strength (its sampled jitter for the
+same random numbers); the closed form of which epochs start within N iterations; the images a
+VISSL data loader's *worker process* produces after the hook ran (a flat gray image stays
+flat without colour jitter, and varies across crops with it)."""
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vissl  # noqa: F401  (registers the plugin)
+from classy_vision.dataset.transforms import build_transform
+from conftest import compose, folder_data_overrides
+from vissl_swav_plugin.color_warmup import ColorWarmupHook, color_warmup_hooks
+from vissl_swav_plugin.config_validation import ConfigError
+
+MC = dict(num_crops=[2, 3], size_crops=[28, 16], crop_scales=[[0.3, 1.0], [0.1, 0.3]], color_strength=0.5)
+
+
+def build(**kw):
+    return build_transform({"name": "multicrop_plugin", **MC, **kw})
+
+
+def sampled(t, seed):
+    np.random.seed(seed)
+    p = t.sample_params(28, 28)
+    return p["jitter"], p["factors"]
+
+
+@pytest.mark.parametrize("warm,ipe", [(0.25, 78), ([0.0, 0.5], 10), (1.0, 1), (0.25, 500)])
+def test_schedule_uses_the_warmup_strength_for_the_epochs_starting_within_n_iterations(warm, ipe):
+    n = 200
+    t = build(color_warmup_iters=n, color_warmup_strength=warm)
+    at_warm = build(color_strength=warm)
+    at_main = build()
+    warm_epochs = math.ceil(n / ipe)  # closed form: epochs e with e * ipe < n
+    for epoch in range(warm_epochs + 3):
+        strength = t.set_epoch(epoch, ipe)
+        ref = at_warm if epoch < warm_epochs else at_main
+        assert strength == ref.current_color_strength, epoch
+        for seed in (0, 1):
+            (j, f), (rj, rf) = sampled(t, seed), sampled(ref, seed)
+            assert np.array_equal(j, rj) and np.allclose(f, rf), (epoch, seed)
+    # a transform used without the hook keeps the warm-up strength it starts with
+    assert build(color_warmup_iters=n, color_warmup_strength=warm).current_color_strength == \
+        at_warm.current_color_strength
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(color_warmup_iters=100), "'color_warmup_strength' is required with color_warmup_iters > 0"),
+    (dict(color_warmup_strength=0.25), "'color_warmup_strength' acts only with color_warmup_iters > 0"),
+    (dict(color_warmup_iters=0, color_warmup_strength=0.25), "acts only with color_warmup_iters > 0"),
+    (dict(color_warmup_iters=-1, color_warmup_strength=0.25), "'color_warmup_iters' must be an integer >= 0"),
+    (dict(color_warmup_iters=1.5, color_warmup_strength=0.25), "'color_warmup_iters' must be an integer >= 0"),
+    (dict(color_warmup_iters=10, color_warmup_strength=[0.1, 0.2, 0.3]),
+     "'color_warmup_strength' has 3 entries but num_crops has 2"),
+    (dict(color_warmup_iters=10, color_warmup_strength=3.0), r"'color_warmup_strength' must be a colour-distortion"),
+])
+def test_settings_that_cannot_act_or_are_wrong_name_the_key(kw, match):
+    from vissl_swav_plugin.multicrop import MultiCropConfigError
+
+    with pytest.raises(MultiCropConfigError, match=match):
+        build(**kw)
+
+
+def test_bad_warmup_fails_when_composing_and_the_hook_follows_the_config():
+    mc = "{name:multicrop_plugin,num_crops:[2,2],size_crops:[32,16],crop_scales:[[0.14,1],[0.05,0.14]]"
+    quick = "config=test/swav_plugin/quick_cpu"
+    with pytest.raises(ConfigError, match=r"TRANSFORMS\[0\].*'color_warmup_strength' is required"):
+        compose([quick, f"config.DATA.TRAIN.TRANSFORMS=[{mc},color_warmup_iters:5}}]"])
+    on = compose([quick, f"config.DATA.TRAIN.TRANSFORMS=[{mc},color_warmup_iters:5,color_warmup_strength:0.1}}]"])
+    assert [type(h).__name__ for h in color_warmup_hooks(on)] == ["ColorWarmupHook"]
+    assert color_warmup_hooks(compose([quick, f"config.DATA.TRAIN.TRANSFORMS=[{mc}}}]"])) == []
+    demo = compose(["config=pretrain/swav/swav_fashion_mnist_cpu"])
+    assert len(color_warmup_hooks(demo)) == 1
+
+
+def _flat_folder(root, n=8, value=128):
+    for c in range(2):
+        d = root / f"c{c}"
+        d.mkdir(parents=True)
+        for i in range(n // 2):
+            Image.new("RGB", (28, 28), (value,) * 3).save(d / f"{i}.png")
+    return root
+
+
+def _distinct_values(loader):
+    """Per batch: the number of distinct pixel values over all crops (flat images: one value
+    per crop, so 1 without colour jitter)."""
+    out = []
+    for batch in loader:
+        crops = batch["data"][0] if isinstance(batch["data"][0], list) else batch["data"]
+        vals = torch.cat([c.flatten() for c in crops]).numpy().round(4)
+        out.append(len(np.unique(vals)))
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_hook_sets_each_epochs_strength_before_the_loader_workers_start(tmp_path, workers):
+    """A VISSL dataset and data loader (``workers`` loader processes), driven as VISSL's
+    trainer does: the hook's ``on_start`` / ``on_phase_end`` run before each epoch's
+    iterator is created.  Warm-up strength 0 (no jitter: a flat image stays one value), then
+    1.0 (brightness/contrast jitter: many values).  A resumed task (train_phase_idx 1) starts
+    after the warm-up."""
+    from vissl.data import build_dataloader, build_dataset
+
+    folder = _flat_folder(tmp_path / "flat")
+    tf = ("[{name:multicrop_plugin,total_num_crops:4,num_crops:[2,2],size_crops:[28,16],"
+          "crop_scales:[[0.3,1],[0.1,0.3]],color_strength:1.0,color_jitter_p:1.0,grayscale_p:0.0,blur_p:0.0,"
+          "color_warmup_iters:4,color_warmup_strength:0.0,mean:[0.5,0.5,0.5],std:[0.25,0.25,0.25]}]")
+    cfg = compose(["config=test/swav_plugin/quick_cpu", *folder_data_overrides(folder), f"config.DATA.TRAIN.TRANSFORMS={tf}",
+                   "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=2", f"config.DATA.NUM_DATALOADER_WORKERS={workers}",
+                   "config.DATA.TRAIN.DATA_LIMIT=-1"])
+    ds = build_dataset(cfg, "TRAIN")
+    loader = build_dataloader(ds, cfg.DATA.TRAIN, num_dataloader_workers=workers, pin_memory=False,
+                              multi_processing_method="forkserver", device=torch.device("cpu"))
+    assert len(loader) == 4  # 8 images, batch 2, one process: 4 iterations per epoch -> 1 warm-up epoch
+    task = SimpleNamespace(dataloaders={"train": loader}, train_phase_idx=-1, train=True)
+    hook = ColorWarmupHook()
+    seen = []
+    hook.on_start(task)
+    for phase in range(3):
+        seen.append(_distinct_values(loader))
+        task.train_phase_idx = phase
+        hook.on_phase_end(task)
+    assert all(v == 1 for v in seen[0]), seen      # warm-up: no jitter in the workers' crops
+    assert all(v > 2 for v in seen[1] + seen[2]), seen  # then the configured jitter
+    resumed = SimpleNamespace(dataloaders={"train": loader}, train_phase_idx=1, train=True)
+    ds.transform.transforms[0].transform.set_epoch(0, 4)  # as a fresh process would start
+    ColorWarmupHook().on_start(resumed)
+    assert all(v > 2 for v in _distinct_values(loader))
