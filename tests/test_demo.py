@@ -124,9 +124,23 @@ def test_mode_recipe_reaches_the_config(tmp_path):
     back = compose(training_overrides(dict(parse_args(["--normalize", "dataset"])[1], epochs=2), tmp_path, tmp_path,
                                       False, 2, 0))
     assert dict(back.DATA.TRAIN.TRANSFORMS[0]) == dict(yaml_cfg.DATA.TRAIN.TRANSFORMS[0], normalize="dataset")
+    # --color-warmup-iters: 0 turns the yaml's warm-up off (its strength removed, it could not act);
+    # N sets the length; on a transform without a warm-up strength it is an error, not ignored
+    def warm(argv, user=()):
+        cfg = compose(training_overrides(dict(parse_args(argv)[1], epochs=2), tmp_path, tmp_path, False, 2, 0, user))
+        t = cfg.DATA.TRAIN.TRANSFORMS[0]
+        return t.get("color_warmup_iters"), t.get("color_warmup_strength")
+
+    assert warm([]) == (yaml_cfg.DATA.TRAIN.TRANSFORMS[0]["color_warmup_iters"],
+                        yaml_cfg.DATA.TRAIN.TRANSFORMS[0]["color_warmup_strength"])
+    assert warm(["--color-warmup-iters", "0"]) == (0, None)
+    assert warm(["--color-warmup-iters", "50"]) == (50, yaml_cfg.DATA.TRAIN.TRANSFORMS[0]["color_warmup_strength"])
+    mode = dict(parse_args(["--color-warmup-iters", "50"])[1], epochs=2)
+    with pytest.raises(DemoError, match=r"--color-warmup-iters 50 needs a color_warmup_strength"):
+        training_overrides(mode, tmp_path, tmp_path, False, 2, 0, other)
     for bad in (["--temperature", "0"], ["--temperature", "-0.1"], ["--temperature", "x"], ["--precise-bn", "yes"],
                 ["--color-strength", "-0.1"], ["--color-strength", "2.6"], ["--color-strength", "x"],
-                ["--normalize", "per_crop"]):
+                ["--normalize", "per_crop"], ["--color-warmup-iters", "-1"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 
@@ -185,6 +199,7 @@ def test_tools_demo_help_lists_every_option():
                          stdout=subprocess.PIPE, text=True, check=True).stdout
     for opt in ("--quick", "--out", "--data-dir", "--source", "--seed", "--procs", "--random-inits", "--threads",
                 "--amp", "--train-per-class", "--test-per-class", "--epochs", "--batch", "--queue", "--freeze",
-                "--prototypes", "--temperature", "--precise-bn", "--color-strength", "--normalize", "--override",
+                "--prototypes", "--temperature", "--precise-bn", "--color-strength", "--color-warmup-iters",
+                "--normalize", "--override",
                 "--device"):
         assert opt in out, opt

@@ -35,10 +35,10 @@ DESCRIPTION = "`make demo`: SwAV on Fashion-MNIST on a few CPU cores, end to end
 MODES = {
     "full": dict(train_per_class=1000, test_per_class=1000, iters=1404, epochs=None, batch=64, queue=0,
                  freeze=100, prototypes=100, temperature=0.1, precise_bn=True, color_strength=None,
-                 normalize=None),
+                 color_warmup_iters=None, normalize=None),
     "quick": dict(train_per_class=500, test_per_class=100, iters=468, epochs=None, batch=64, queue=0,
                   freeze=30, prototypes=100, temperature=0.2, precise_bn=True, color_strength=None,
-                  normalize=None),
+                  color_warmup_iters=None, normalize=None),
 }
 
 
@@ -168,7 +168,7 @@ def parse_args(argv=None):
             if not 0 <= value <= MAX_COLOR_STRENGTH:
                 ap.error(f"--color-strength must be in [0, {MAX_COLOR_STRENGTH}]")
             continue
-        smallest = 0 if key in ("queue", "freeze") else 1
+        smallest = 0 if key in ("queue", "freeze", "color_warmup_iters") else 1
         if value < smallest:
             ap.error(f"--{key.replace('_', '-')} must be >= {smallest}")
     if args.random_inits < 1:

@@ -113,7 +113,8 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
             ``queue``, ``freeze``, ``prototypes``) and, when present, ``temperature``,
             ``precise_bn`` (HOOKS.PRECISE_BN.ENABLED), ``color_strength`` (the colour-distortion
             strength s of every ``multicrop_plugin`` entry; 0 turns the colour jitter off; None,
-            both modes' default, keeps the config's) and ``normalize`` (``dataset`` /
+            both modes' default, keeps the config's), ``color_warmup_iters`` (the colour-distortion
+            warm-up of every ``multicrop_plugin`` entry; 0: none) and ``normalize`` (``dataset`` /
             ``per_image`` for every ``multicrop_plugin`` entry, :mod:`vissl_swav_plugin.standardize`;
             None keeps the config's).
         data_folder: the ImageFolder to train on (DATA_PATHS and LABEL_PATHS).
@@ -156,7 +157,7 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
     composed = compose_config(base + user)
     transforms = list(composed.DATA.TRAIN.TRANSFORMS or [])
     crops = [i for i, t in enumerate(transforms) if t.get("name") == "multicrop_plugin"]
-    for key in ("color_strength", "normalize"):
+    for key in ("color_strength", "color_warmup_iters", "normalize"):
         if mode.get(key) is not None and not crops:
             raise DemoError(f"{CONFIG}: --{key.replace('_', '-')} needs a multicrop_plugin entry in "
                             f"DATA.TRAIN.TRANSFORMS, got {[t.get('name') for t in transforms]}")
@@ -164,6 +165,8 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         base += [f"config.DATA.TRAIN.TRANSFORMS.{i}.color_strength={mode['color_strength']}" for i in crops]
     if mode.get("normalize") is not None:
         base += _normalize_overrides(mode["normalize"], transforms, crops)
+    if mode.get("color_warmup_iters") is not None:
+        base += _warmup_overrides(int(mode["color_warmup_iters"]), transforms, crops)
     if not any(o.split("=", 1)[0].lstrip("+") == "config.MODEL.HEAD.PARAMS" for o in user):
         head = [list(p) for p in composed.MODEL.HEAD.PARAMS]
         if len(head) != 1 or head[0][0] != "swav_plugin_head":
@@ -183,6 +186,21 @@ def _normalize_overrides(normalize, transforms, crops):
     for i in crops:
         out.append(f"++config.DATA.TRAIN.TRANSFORMS.{i}.normalize={normalize}")
         out += [f"~config.DATA.TRAIN.TRANSFORMS.{i}.{key}" for key in drop if key in transforms[i]]
+    return out
+
+
+def _warmup_overrides(iters, transforms, crops):
+    """Overrides that set ``color_warmup_iters`` on the ``multicrop_plugin`` entries ``crops``:
+    0 also deletes their ``color_warmup_strength`` (it could not act); more needs one."""
+    out = []
+    for i in crops:
+        has = "color_warmup_strength" in transforms[i]
+        if iters > 0 and not has:
+            raise DemoError(f"{CONFIG}: --color-warmup-iters {iters} needs a color_warmup_strength in "
+                            f"DATA.TRAIN.TRANSFORMS[{i}] (the warm-up's strength)")
+        out.append(f"++config.DATA.TRAIN.TRANSFORMS.{i}.color_warmup_iters={iters}")
+        if iters == 0 and has:
+            out.append(f"~config.DATA.TRAIN.TRANSFORMS.{i}.color_warmup_strength")
     return out
 
 
