@@ -236,8 +236,10 @@ def test_message_quotes_the_runs_augmentation():
                            0.3, [100])
     line = [ln for ln in msg.splitlines() if ln.strip().startswith("DATA.TRAIN.TRANSFORMS")]
     assert len(line) == 1, msg
-    assert "crop_scales [[0.4, 1.0], [0.1, 0.3]], num_crops [2, 4], color_strength 0.7" in line[0]
-    assert "a lower color_strength" in line[0]
+    mc = cfg.DATA.TRAIN.TRANSFORMS[0]
+    assert "crop_scales [[0.4, 1.0], [0.1, 0.3]], num_crops [2, 4], color_strength 0.7 " \
+        f"({list(mc['color_warmup_strength'])} for the first {mc['color_warmup_iters']} iterations)" in line[0]
+    assert "a lower color_strength, or a weaker one for the first iterations only" in line[0]
 
 
 def test_hook_stop_raises_at_patience():

@@ -49,7 +49,8 @@ _CAUSES = ("a learning rate too high for the batch size, prototypes released too
            "far from the data's (K vs classes and images), BN in the projection head on small batches")
 
 
-_COLOR = ("a lower color_strength (on blurry, low-detail images the colour distortion can erase what two crops "
+_COLOR = ("a lower color_strength, or a weaker one for the first iterations only (color_warmup_iters / "
+          "color_warmup_strength) (on blurry, low-detail images the colour distortion can erase what two crops "
           "of one image share: README \"Collapse: what we measured\", the upscaled digits)")
 
 
@@ -67,6 +68,8 @@ def run_context(cfg) -> dict:
         "num_clusters": head.get("num_clusters", lc.get("num_clusters", lc.get("num_prototypes"))),
         "crops": (f"crop_scales {_plain(crops[0].get('crop_scales'))}, num_crops {_plain(crops[0].get('num_crops'))}, "
                   f"color_strength {_plain(crops[0].get('color_strength', 'the transform default'))}"
+                  + (f" ({_plain(crops[0].get('color_warmup_strength'))} for the first "
+                     f"{crops[0].get('color_warmup_iters')} iterations)" if crops[0].get("color_warmup_iters") else "")
                   if crops else "no multi-crop transform"),
         "use_bn": head.get("use_bn"),
         "lr_schedule": f"schedule {(cfg.OPTIMIZER.param_schedulers.get('lr') or {}).get('name')}",
