@@ -31,7 +31,8 @@ needs_fmnist = pytest.mark.skipif(
 # start) in the quick run (5000 train / 1000 test images, 12 epochs = 468 iterations,
 # 2 processes x 64), measured with `tools/demo.py --quick --seed S` on the 2-core machine.
 # With the ResNet-10 channels-last recipe (2026-11-24):
-#   seed 0: SwAV 78.3% vs random init 72.8% (5 inits: 70.6-75.0) -> +5.5
+#   seed 0: SwAV 78.3% vs random init 72.8% (5 inits: 70.6-75.0) -> +5.5 (before the colour warm-up of
+#   the yaml; with it the quick run has only been run by this test)
 # With the ResNet-18 of before (2026-11-22): seeds 0 / 1 / 2 gave +5.8 / +6.2 / +3.2.
 # A single random init is a noisy baseline (68-79% over 15 inits), hence the mean.  The test
 # (seed 0) asks for 2 points.
