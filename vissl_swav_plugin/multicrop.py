@@ -202,7 +202,6 @@ class MultiCropPlugin(ClassyTransform):
         self._ratio_lo = np.array([ratios[i][0] for i in g])
         self._ratio_hi = np.array([ratios[i][1] for i in g])
         self._flip_p = np.array([p.flip_p[i] for i in g])
-        self._jitter_p_groups = p.jitter_p
         self._gray_p = np.array([p.gray_p[i] for i in g])
         self._blur_p = np.array([p.blur_p[i] for i in g])
         self._sig_lo = np.array([p.sigma[i][0] for i in g])
@@ -210,7 +209,8 @@ class MultiCropPlugin(ClassyTransform):
         # colour-distortion strength per group: the warm-up's for the first epochs (set_epoch)
         self.color_strength, self.color_warmup_iters = p.strength, p.warmup_iters
         self.color_warmup_strength = p.warmup_strength
-        self._set_strength(p.warmup_strength if p.warmup_iters > 0 else p.strength)
+        self._jitter_p_groups = p.jitter_p
+        self.set_epoch(0, 1)  # the warm-up's strength when there is one
         self._radius = [int(p.blur_kernel_frac * s) // 2 for s in self._size]
         # groups of equal output size, in order of first appearance
         self._size_groups: Dict[int, List[int]] = {}

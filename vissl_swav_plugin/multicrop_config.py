@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from vissl_swav_plugin.config_validation import ConfigError, check_known_keys
-from vissl_swav_plugin.standardize import DATASET, DEFAULT_MIN_STD, NORMALIZE_MODES
+from vissl_swav_plugin.standardize import DATASET, DEFAULT_MIN_STD, NORMALIZE_MODES, check_min_std
 
 TRANSFORM_NAME = "multicrop_plugin"
 
@@ -291,9 +291,7 @@ def _normalization(normalize, mean, std, min_std, to_tensor):
     if not to_tensor:
         raise _err("normalize", "per_image standardises the output tensors: it needs to_tensor: true")
     min_std = DEFAULT_MIN_STD if min_std is None else min_std
-    if not _is_num(min_std) or not 0.0 < float(min_std) < math.inf:
-        raise _err("min_std", f"must be a number > 0 (the std floor in [0, 1] pixel units), got {min_std!r}")
-    return None, None, float(min_std)
+    return None, None, check_min_std(min_std, "min_std", TRANSFORM_NAME, MultiCropConfigError)
 
 
 def _color_warmup(iters, strength, n):

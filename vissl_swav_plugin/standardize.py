@@ -42,12 +42,12 @@ NORMALIZE_MODES = (DATASET, PER_IMAGE)
 DEFAULT_MIN_STD = 0.1
 
 
-def check_min_std(value, key: str = "min_std", where: str = TRANSFORM_NAME) -> float:
-    """``value`` as a float, if it is a finite number > 0; else a ConfigError naming ``key``."""
+def check_min_std(value, key: str = "min_std", where: str = TRANSFORM_NAME, error=ConfigError) -> float:
+    """``value`` as a float, if it is a finite number > 0; else ``error`` (a ConfigError class)
+    naming ``key``."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.0 < float(value) < float("inf")
     if not ok:
-        raise ConfigError(f"{where}: '{key}' must be a number > 0 (the std floor in [0, 1] pixel units), "
-                          f"got {value!r}")
+        raise error(f"{where}: '{key}' must be a number > 0 (the std floor in [0, 1] pixel units), got {value!r}")
     return float(value)
 
 
