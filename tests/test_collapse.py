@@ -237,8 +237,15 @@ def test_message_quotes_the_runs_augmentation():
     line = [ln for ln in msg.splitlines() if ln.strip().startswith("DATA.TRAIN.TRANSFORMS")]
     assert len(line) == 1, msg
     mc = cfg.DATA.TRAIN.TRANSFORMS[0]
+    w = mc["color_warmup_strength"]
+    w = list(w) if hasattr(w, "__len__") else w
+    how = f"ramping from {w} over" if mc.get("color_warmup_schedule") == "linear" else f"{w} for"
     assert "crop_scales [[0.4, 1.0], [0.1, 0.3]], num_crops [2, 4], color_strength 0.7 " \
-        f"({list(mc['color_warmup_strength'])} for the first {mc['color_warmup_iters']} iterations)" in line[0]
+        f"({how} the first {mc['color_warmup_iters']} iterations)" in line[0]
+    # the step schedule is quoted as such
+    step = compose(["config=pretrain/swav/swav_fashion_mnist_cpu", "~config.DATA.TRAIN.TRANSFORMS.0.color_warmup_schedule",
+                    "config.DATA.TRAIN.TRANSFORMS.0.color_warmup_strength=[0.25,0.5]"])
+    assert f"color_strength 0.5 ([0.25, 0.5] for the first {mc['color_warmup_iters']} iterations)" in run_context(step)["crops"]
     assert "a lower color_strength, or a weaker one for the first iterations only" in line[0]
 
 

@@ -51,7 +51,37 @@ def test_schedule_uses_the_warmup_strength_for_the_epochs_starting_within_n_iter
         at_warm.current_color_strength
 
 
+@pytest.mark.parametrize("warm,ipe", [(0.0, 78), ([0.0, 0.25], 10), ([0.1, 0.5], 7), (0.0, 1), (0.2, 500)])
+def test_linear_schedule_ramps_from_the_warmup_strength_at_each_epochs_first_iteration(warm, ipe):
+    """``color_warmup_schedule: linear``: the epoch starting at iteration i = e * ipe < N
+    samples exactly as a transform built at ``w + (s - w) i / N`` (per group); from the first
+    epoch starting at or after N, as the transform at ``color_strength``."""
+    n, main = 200, [0.5, 0.5]
+    w = [warm, warm] if np.isscalar(warm) else list(warm)
+    t = build(color_warmup_iters=n, color_warmup_strength=warm, color_warmup_schedule="linear")
+    seen = []
+    for epoch in range(math.ceil(n / ipe) + 3):
+        i = epoch * ipe
+        expect = [a + (b - a) * min(i, n) / n for a, b in zip(w, main)]  # closed form of the ramp
+        strength = t.set_epoch(epoch, ipe)
+        assert np.allclose(strength, expect, atol=1e-12), (epoch, strength, expect)
+        ref = build(color_strength=expect)
+        for seed in (0, 1):
+            (j, f), (rj, rf) = sampled(t, seed), sampled(ref, seed)
+            assert np.array_equal(j, rj) and np.allclose(f, rf), (epoch, seed)
+        seen.append(strength[0])
+    assert all(a <= b for a, b in zip(seen, seen[1:])) and seen[-1] == 0.5  # rises, ends at color_strength
+    if ipe < n:
+        assert w[0] < seen[1] < 0.5  # a ramp, not the step schedule
+    # the step schedule (default) holds the warm-up strength over the same epochs
+    step = build(color_warmup_iters=n, color_warmup_strength=warm)
+    assert step.color_warmup_schedule == "step" and step.set_epoch(1, ipe) == (w if ipe < n else main)
+
+
 @pytest.mark.parametrize("kw,match", [
+    (dict(color_warmup_iters=10, color_warmup_strength=0.0, color_warmup_schedule="cosine"),
+     r"'color_warmup_schedule' must be one of \['step', 'linear'\]"),
+    (dict(color_warmup_schedule="linear"), "'color_warmup_schedule' acts only with color_warmup_iters > 0"),
     (dict(color_warmup_iters=100), "'color_warmup_strength' is required with color_warmup_iters > 0"),
     (dict(color_warmup_strength=0.25), "'color_warmup_strength' acts only with color_warmup_iters > 0"),
     (dict(color_warmup_iters=0, color_warmup_strength=0.25), "acts only with color_warmup_iters > 0"),

@@ -129,12 +129,12 @@ def test_mode_recipe_reaches_the_config(tmp_path):
     def warm(argv, user=()):
         cfg = compose(training_overrides(dict(parse_args(argv)[1], epochs=2), tmp_path, tmp_path, False, 2, 0, user))
         t = cfg.DATA.TRAIN.TRANSFORMS[0]
-        return t.get("color_warmup_iters"), t.get("color_warmup_strength")
+        return t.get("color_warmup_iters"), t.get("color_warmup_strength"), t.get("color_warmup_schedule")
 
-    assert warm([]) == (yaml_cfg.DATA.TRAIN.TRANSFORMS[0]["color_warmup_iters"],
-                        yaml_cfg.DATA.TRAIN.TRANSFORMS[0]["color_warmup_strength"])
-    assert warm(["--color-warmup-iters", "0"]) == (0, None)
-    assert warm(["--color-warmup-iters", "50"]) == (50, yaml_cfg.DATA.TRAIN.TRANSFORMS[0]["color_warmup_strength"])
+    y = yaml_cfg.DATA.TRAIN.TRANSFORMS[0]
+    assert warm([]) == (y["color_warmup_iters"], y["color_warmup_strength"], y.get("color_warmup_schedule"))
+    assert warm(["--color-warmup-iters", "0"]) == (0, None, None)  # a schedule without a warm-up cannot act
+    assert warm(["--color-warmup-iters", "50"]) == (50, y["color_warmup_strength"], y.get("color_warmup_schedule"))
     mode = dict(parse_args(["--color-warmup-iters", "50"])[1], epochs=2)
     with pytest.raises(DemoError, match=r"--color-warmup-iters 50 needs a color_warmup_strength"):
         training_overrides(mode, tmp_path, tmp_path, False, 2, 0, other)

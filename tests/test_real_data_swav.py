@@ -104,8 +104,8 @@ def test_swav_quick_run_beats_random_init(tmp_path):
     detector_lines = [line for line in log.splitlines() if "Collapse detector, epoch " in line]
     assert len(detector_lines) == report["config"]["mode"]["epochs"], detector_lines[-3:]
     assert "COLLAPSE DETECTED" not in log and "CollapseError" not in log, "the collapse detector fired"
-    # the recipe's colour warm-up ran in the training processes: the global crops' weaker
-    # distortion for the epochs that start within color_warmup_iters, then the configured one
+    # the recipe's colour warm-up ran in the training processes: a weaker distortion (or one
+    # ramping up) for the epochs that start within color_warmup_iters, then the configured one
     mc = next(t for t in report["config"]["transforms"] if t["name"] == "multicrop_plugin")
     per_epoch = report["times_s"]["train_iterations"] // report["config"]["mode"]["epochs"]
     switch = -(-mc["color_warmup_iters"] // per_epoch)  # the first epoch starting at or after it
@@ -113,6 +113,12 @@ def test_swav_quick_run_beats_random_init(tmp_path):
     strength = list(strength) if isinstance(strength, list) else [strength] * len(mc["num_crops"])
     assert f"epoch {switch} ({per_epoch} it/epoch): {strength}" in log, [
         line for line in log.splitlines() if "colour-distortion" in line]
+    if mc.get("color_warmup_schedule") == "linear" and switch > 1:  # epoch 1: one step up the ramp
+        w = mc["color_warmup_strength"]
+        w = list(w) if isinstance(w, list) else [w] * len(mc["num_crops"])
+        ramp = [a + (b - a) * (per_epoch / mc["color_warmup_iters"]) for a, b in zip(w, strength)]
+        assert f"epoch 1 ({per_epoch} it/epoch): {ramp}" in log, [
+            line for line in log.splitlines() if "colour-distortion" in line]
     curve = [r["loss"] for r in report["loss_curve"]]
     assert len(curve) == report["times_s"]["train_iterations"] > 200
     assert all(np.isfinite(curve))

@@ -50,7 +50,7 @@ _CAUSES = ("a learning rate too high for the batch size, prototypes released too
 
 
 _COLOR = ("a lower color_strength, or a weaker one for the first iterations only (color_warmup_iters / "
-          "color_warmup_strength) (on blurry, low-detail images the colour distortion can erase what two crops "
+          "color_warmup_strength / color_warmup_schedule) (on blurry, low-detail images the colour distortion can erase what two crops "
           "of one image share: README \"Collapse: what we measured\", the upscaled digits)")
 
 
@@ -68,12 +68,18 @@ def run_context(cfg) -> dict:
         "num_clusters": head.get("num_clusters", lc.get("num_clusters", lc.get("num_prototypes"))),
         "crops": (f"crop_scales {_plain(crops[0].get('crop_scales'))}, num_crops {_plain(crops[0].get('num_crops'))}, "
                   f"color_strength {_plain(crops[0].get('color_strength', 'the transform default'))}"
-                  + (f" ({_plain(crops[0].get('color_warmup_strength'))} for the first "
-                     f"{crops[0].get('color_warmup_iters')} iterations)" if crops[0].get("color_warmup_iters") else "")
+                  + (_warmup_text(crops[0]) if crops[0].get("color_warmup_iters") else "")
                   if crops else "no multi-crop transform"),
         "use_bn": head.get("use_bn"),
         "lr_schedule": f"schedule {(cfg.OPTIMIZER.param_schedulers.get('lr') or {}).get('name')}",
     }
+
+
+def _warmup_text(crop) -> str:
+    """`` (0.25 for the first 200 iterations)`` (step) or `` (ramping from 0.0 over the first 400
+    iterations)`` (linear): the colour warm-up of a ``multicrop_plugin`` entry."""
+    how = "ramping from {} over" if crop.get("color_warmup_schedule") == "linear" else "{} for"
+    return f" ({how.format(_plain(crop.get('color_warmup_strength')))} the first {crop.get('color_warmup_iters')} iterations)"
 
 
 def _plain(v):

@@ -55,9 +55,10 @@ class ColorWarmupHook(NoOpHook):
             before = list(t.current_color_strength)
             now = t.set_epoch(epoch, per_epoch)
             if now != before or not self._logged:
-                _log_rank0(f"{TRANSFORM_NAME}: colour-distortion strength {t.color_warmup_strength} for the epochs "
-                           f"that start within {t.color_warmup_iters} iterations, then {t.color_strength}; "
-                           f"epoch {epoch} ({per_epoch} it/epoch): {now}")
+                how = "ramping linearly from" if t.color_warmup_schedule == "linear" else ""
+                _log_rank0(f"{TRANSFORM_NAME}: colour-distortion strength {how}{' ' if how else ''}"
+                           f"{t.color_warmup_strength} for the epochs that start within {t.color_warmup_iters} "
+                           f"iterations, then {t.color_strength}; epoch {epoch} ({per_epoch} it/epoch): {now}")
         self._logged = True
 
     def on_start(self, task) -> None:

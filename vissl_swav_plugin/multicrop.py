@@ -136,6 +136,11 @@ class MultiCropPlugin(ClassyTransform):
             (scalar or one per group) instead of ``color_strength``
             (:mod:`vissl_swav_plugin.color_warmup`: a weaker distortion of the global crops at
             the start kept low-detail images from collapsing).
+        color_warmup_schedule: ``step`` (default): ``color_warmup_strength`` for those
+            epochs, then ``color_strength``; ``linear``: the epoch that starts at iteration
+            ``i < color_warmup_iters`` uses ``w + (s - w) i / color_warmup_iters`` per group
+            (``w`` the warm-up strength, ``s`` ``color_strength``): a ramp, so what the network
+            learned at the weak strength is not all taken away at once.
         to_tensor: True (default) returns normalised float tensors; False returns PIL
             crops (flipped and colour-augmented) for further PIL transforms.
         interpolation: resize filter, ``bilinear`` (default) | ``bicubic`` | ...
@@ -172,12 +177,13 @@ class MultiCropPlugin(ClassyTransform):
         min_std: Optional[float] = None,
         color_warmup_iters: int = 0,
         color_warmup_strength: Any = None,
+        color_warmup_schedule: str = "step",
     ):
         p = validate_params(
             num_crops, size_crops, crop_scales, crop_ratios, total_num_crops, flip_p,
             color_strength, color_jitter_p, grayscale_p, blur_p, blur_sigma, blur_kernel_frac,
             mean, std, to_tensor, interpolation, normalize, min_std, color_warmup_iters,
-            color_warmup_strength,
+            color_warmup_strength, color_warmup_schedule,
         )
         counts, sizes, scales, ratios = p.counts, p.sizes, p.scales, p.ratios
         self.num_crops = counts
@@ -208,7 +214,7 @@ class MultiCropPlugin(ClassyTransform):
         self._sig_span = np.array([p.sigma[i][1] - p.sigma[i][0] for i in g])
         # colour-distortion strength per group: the warm-up's for the first epochs (set_epoch)
         self.color_strength, self.color_warmup_iters = p.strength, p.warmup_iters
-        self.color_warmup_strength = p.warmup_strength
+        self.color_warmup_strength, self.color_warmup_schedule = p.warmup_strength, p.warmup_schedule
         self._jitter_p_groups = p.jitter_p
         self.set_epoch(0, 1)  # the warm-up's strength when there is one
         self._radius = [int(p.blur_kernel_frac * s) // 2 for s in self._size]
@@ -242,13 +248,19 @@ class MultiCropPlugin(ClassyTransform):
 
     def set_epoch(self, epoch: int, iters_per_epoch: int) -> List[float]:
         """Use the colour-distortion strength of training epoch ``epoch`` (0-based) of
-        ``iters_per_epoch`` iterations: ``color_warmup_strength`` while
-        :meth:`in_color_warmup`, then ``color_strength``.  Called by
-        :class:`vissl_swav_plugin.color_warmup.ColorWarmupHook` before each epoch's data
-        iterator (and its worker processes) is created; a transform used without it keeps the
-        warm-up strength.  Returns the strength per group."""
-        warm = self.in_color_warmup(epoch, iters_per_epoch)
-        self._set_strength(self.color_warmup_strength if warm else self.color_strength)
+        ``iters_per_epoch`` iterations: while :meth:`in_color_warmup`,
+        ``color_warmup_strength`` (``color_warmup_schedule: step``) or the ramp from it to
+        ``color_strength`` at the epoch's first iteration (``linear``); then
+        ``color_strength``.  Called by :class:`vissl_swav_plugin.color_warmup.ColorWarmupHook`
+        before each epoch's data iterator (and its worker processes) is created; a transform
+        used without it keeps the warm-up strength.  Returns the strength per group."""
+        if not self.in_color_warmup(epoch, iters_per_epoch):
+            self._set_strength(self.color_strength)
+        elif self.color_warmup_schedule == "linear":
+            f = int(epoch) * max(1, int(iters_per_epoch)) / self.color_warmup_iters
+            self._set_strength([w + (s - w) * f for w, s in zip(self.color_warmup_strength, self.color_strength)])
+        else:
+            self._set_strength(self.color_warmup_strength)
         return self.current_color_strength
 
     # -- sampling -------------------------------------------------------------------

@@ -22,6 +22,10 @@ TRANSFORM_NAME = "multicrop_plugin"
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# ``color_warmup_schedule``: ``step`` holds the warm-up strength, then switches to
+# ``color_strength``; ``linear`` ramps from the one to the other over the warm-up
+WARMUP_STEP, WARMUP_LINEAR = "step", "linear"
+WARMUP_SCHEDULES = (WARMUP_STEP, WARMUP_LINEAR)
 # torchvision's RandomResizedCrop aspect-ratio range
 DEFAULT_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
@@ -54,6 +58,7 @@ KNOWN_KEYS = {
     "min_std",
     "color_warmup_iters",
     "color_warmup_strength",
+    "color_warmup_schedule",
 }
 REQUIRED_KEYS = ("num_crops", "size_crops", "crop_scales")
 
@@ -87,6 +92,7 @@ class MultiCropParams(NamedTuple):
     min_std: Optional[float]  #: per_image: the std divisor's floor ([0, 1] units); None for dataset
     warmup_iters: int  #: training iterations at the start with ``warmup_strength`` (0: none; whole epochs)
     warmup_strength: Optional[List[float]]  #: colour-distortion strength per group during the warm-up
+    warmup_schedule: str  #: ``step`` (the warm-up strength, then ``strength``) or ``linear`` (a ramp between them)
 
 
 def _err(key, msg):
@@ -209,6 +215,7 @@ def validate_params(
     min_std: Optional[float] = None,
     color_warmup_iters: int = 0,
     color_warmup_strength: Any = None,
+    color_warmup_schedule: str = WARMUP_STEP,
 ) -> MultiCropParams:
     """Check the ``multicrop_plugin`` arguments and normalise them per crop group.
 
@@ -261,13 +268,14 @@ def validate_params(
     if not isinstance(to_tensor, (bool, np.bool_)):
         raise _err("to_tensor", f"must be true or false, got {to_tensor!r}")
     mean, std, min_std = _normalization(normalize, mean, std, min_std, bool(to_tensor))
-    warm_iters, warm_strength = _color_warmup(color_warmup_iters, color_warmup_strength, n)
+    warm_iters, warm_strength, warm_schedule = _color_warmup(
+        color_warmup_iters, color_warmup_strength, color_warmup_schedule, n)
     if interpolation not in RESAMPLE:
         raise _err("interpolation", f"must be one of {sorted(RESAMPLE)}, got {interpolation!r}")
     return MultiCropParams(
         counts, sizes, scales, ratios, flip, strength, jit_p, gray_p, blur, sigma,
         blur_kernel_frac, mean, std, bool(to_tensor), RESAMPLE[interpolation], normalize, min_std,
-        warm_iters, warm_strength,
+        warm_iters, warm_strength, warm_schedule,
     )
 
 
@@ -294,19 +302,24 @@ def _normalization(normalize, mean, std, min_std, to_tensor):
     return None, None, check_min_std(min_std, "min_std", TRANSFORM_NAME, MultiCropConfigError)
 
 
-def _color_warmup(iters, strength, n):
-    """``(color_warmup_iters, color_warmup_strength per group or None)``; a strength without
-    warm-up iterations, or warm-up iterations without a strength, cannot act: an error."""
+def _color_warmup(iters, strength, schedule, n):
+    """``(color_warmup_iters, color_warmup_strength per group or None, color_warmup_schedule)``;
+    a strength or a non-default schedule without warm-up iterations, or warm-up iterations
+    without a strength, cannot act: an error."""
     if not _is_num(iters) or int(iters) != iters or iters < 0:
         raise _err("color_warmup_iters", f"must be an integer >= 0 (training iterations), got {iters!r}")
+    if schedule not in WARMUP_SCHEDULES:
+        raise _err("color_warmup_schedule", f"must be one of {list(WARMUP_SCHEDULES)}, got {schedule!r}")
     if iters > 0 and strength is None:
         raise _err("color_warmup_strength", "is required with color_warmup_iters > 0 (the colour-distortion "
                                             "strength of those iterations, scalar or one per crop group)")
     if iters == 0 and strength is not None:
         raise _err("color_warmup_strength", "acts only with color_warmup_iters > 0: set both, or neither")
+    if iters == 0 and schedule != WARMUP_STEP:
+        raise _err("color_warmup_schedule", "acts only with color_warmup_iters > 0: remove it, or set the warm-up")
     if strength is None:
-        return 0, None
-    return int(iters), _per_group(strength, "color_warmup_strength", n, _strength)
+        return 0, None, schedule
+    return int(iters), _per_group(strength, "color_warmup_strength", n, _strength), schedule
 
 
 def check_config_keys(config: Mapping[str, Any], path: str = TRANSFORM_NAME) -> dict:

@@ -191,7 +191,8 @@ def _normalize_overrides(normalize, transforms, crops):
 
 def _warmup_overrides(iters, transforms, crops):
     """Overrides that set ``color_warmup_iters`` on the ``multicrop_plugin`` entries ``crops``:
-    0 also deletes their ``color_warmup_strength`` (it could not act); more needs one."""
+    0 also deletes their ``color_warmup_strength`` and ``color_warmup_schedule`` (they could
+    not act); more needs a strength."""
     out = []
     for i in crops:
         has = "color_warmup_strength" in transforms[i]
@@ -199,8 +200,10 @@ def _warmup_overrides(iters, transforms, crops):
             raise DemoError(f"{CONFIG}: --color-warmup-iters {iters} needs a color_warmup_strength in "
                             f"DATA.TRAIN.TRANSFORMS[{i}] (the warm-up's strength)")
         out.append(f"++config.DATA.TRAIN.TRANSFORMS.{i}.color_warmup_iters={iters}")
-        if iters == 0 and has:
-            out.append(f"~config.DATA.TRAIN.TRANSFORMS.{i}.color_warmup_strength")
+        if iters == 0:  # the warm-up's other keys could not act: removed
+            out += [f"~config.DATA.TRAIN.TRANSFORMS.{i}.{key}" for key in ("color_warmup_strength",
+                                                                           "color_warmup_schedule")
+                    if key in transforms[i]]
     return out
 
 
