@@ -1,19 +1,20 @@
 """A weaker colour distortion for the first epochs (``multicrop_plugin``'s ``color_warmup_*`` keys).
 
-Why (README, "Collapse: what we measured", fifth round): on sklearn's upscaled 8x8 digits the
-demo recipe collapsed within its first ~70 iterations whenever the two global crops -- the
-ones the codes are computed from -- were colour-distorted at strength 0.35 or more; at 0.25
-it learned.  Once the network had learned something (200 iterations at 0.25), raising the
-strength to the recipe's 0.5 did not collapse it, while Fashion-MNIST loses 1.5-2.7 points of
-kNN accuracy when trained at the lower strength throughout.  So the collapse is a risk of the
-first iterations, and a warm-up of the distortion strength shortens it: in the digits runs
-measured with it, the predictions stayed near uniform for ~100 (seed 0) and ~135 (seed 1, the
-collapse detector warned) iterations and then learned; without it they stayed there for the
-whole run.  It does not prevent the collapse on that set (README, fifth round).
+Why (README, "Collapse: what we measured", fifth and sixth rounds): on sklearn's upscaled 8x8
+digits the demo recipe collapsed within its first ~70 iterations whenever the two global crops --
+the ones the codes are computed from -- were colour-distorted at strength 0.35 or more, while
+Fashion-MNIST loses 1.5-2.7 points of kNN accuracy when trained at a lower strength throughout.
+A step warm-up (0.25 on the global crops for 200 iterations, then 0.5) shortened the digits'
+collapse but let seed 1 of three sit near ln K for 134 iterations (the detector warned); no
+distortion for 200 iterations got away from ln K fastest, and then collapsed the run again at the
+step to 0.5.  A linear ramp from 0 to 0.5 (``color_warmup_schedule: linear``) did neither: over
+200 iterations (the demo's) its longest near-uniform run was 72 iterations on seed 1, over 400
+iterations 33, at a cost of 1.7 points of 20-NN on Fashion-MNIST.
 
 How: the transform keys ``color_warmup_iters: N`` and ``color_warmup_strength: s`` (scalar or
 one per crop group) make the training epochs that start within the first ``N`` iterations use
-``s`` instead of ``color_strength`` -- whole epochs, because the loader's worker processes copy
+``s`` instead of ``color_strength`` (``color_warmup_schedule: step``, the default), or a strength
+ramping from ``s`` at the epoch's first iteration (``linear``) -- whole epochs, because the loader's worker processes copy
 the transform when an epoch's data iterator is built: with 78 iterations per epoch, N = 200
 gives 3 epochs (234 iterations); with 10, 20 epochs (200).  :class:`ColorWarmupHook` (installed
 whenever a ``multicrop_plugin`` of ``DATA.TRAIN`` sets ``color_warmup_iters > 0``) calls
@@ -23,6 +24,7 @@ of loader workers, and a resumed run gets the strength of the epoch it resumes a
 logs the schedule and each change::
 
     multicrop_plugin: colour-distortion strength [0.25, 0.5] for the epochs that start within 200 iterations, then [0.5, 0.5]; epoch 3 (78 it/epoch): [0.5, 0.5]
+    multicrop_plugin: colour-distortion strength ramping linearly from [0.0, 0.0] for the epochs that start within 200 iterations, then [0.5, 0.5]; epoch 1 (78 it/epoch): [0.195, 0.195]
 """
 import logging
 from typing import Iterator, List
