@@ -109,14 +109,15 @@ def test_swav_quick_run_beats_random_init(tmp_path):
     mc = next(t for t in report["config"]["transforms"] if t["name"] == "multicrop_plugin")
     per_epoch = report["times_s"]["train_iterations"] // report["config"]["mode"]["epochs"]
     switch = -(-mc["color_warmup_iters"] // per_epoch)  # the first epoch starting at or after it
-    strength = mc["color_strength"]
-    strength = list(strength) if isinstance(strength, list) else [strength] * len(mc["num_crops"])
+    def per_group(v):  # a transform key's value, one entry per crop group
+        return list(v) if isinstance(v, list) else [v] * len(mc["num_crops"])
+
+    strength = per_group(mc["color_strength"])
     assert f"epoch {switch} ({per_epoch} it/epoch): {strength}" in log, [
         line for line in log.splitlines() if "colour-distortion" in line]
     if mc.get("color_warmup_schedule") == "linear" and switch > 1:  # epoch 1: one step up the ramp
-        w = mc["color_warmup_strength"]
-        w = list(w) if isinstance(w, list) else [w] * len(mc["num_crops"])
-        ramp = [a + (b - a) * (per_epoch / mc["color_warmup_iters"]) for a, b in zip(w, strength)]
+        ramp = [a + (b - a) * (per_epoch / mc["color_warmup_iters"])
+                for a, b in zip(per_group(mc["color_warmup_strength"]), strength)]
         assert f"epoch 1 ({per_epoch} it/epoch): {ramp}" in log, [
             line for line in log.splitlines() if "colour-distortion" in line]
     curve = [r["loss"] for r in report["loss_curve"]]

@@ -7,6 +7,8 @@ decision logic; every function is pure (figures and config values in, text out).
 import math
 from typing import List, Optional
 
+from vissl_swav_plugin.multicrop_config import WARMUP_LINEAR
+
 _TEMPERATURE = "the predictions' softmax temperature: 0.1 in the paper; a large one makes them uniform"
 _SWAV_TEMPERATURE = ("the predictions' softmax temperature, 0.1 in the paper: 0.2 stopped the quick demo's collapse "
                      "at the start of training on small images (README, \"Collapse: what we measured\")")
@@ -76,9 +78,9 @@ def run_context(cfg) -> dict:
 
 
 def _warmup_text(crop) -> str:
-    """`` (0.25 for the first 200 iterations)`` (step) or `` (ramping from 0.0 over the first 400
+    """`` (0.25 for the first 200 iterations)`` (step) or `` (ramping from 0.0 over the first 200
     iterations)`` (linear): the colour warm-up of a ``multicrop_plugin`` entry."""
-    how = "ramping from {} over" if crop.get("color_warmup_schedule") == "linear" else "{} for"
+    how = "ramping from {} over" if crop.get("color_warmup_schedule") == WARMUP_LINEAR else "{} for"
     return f" ({how.format(_plain(crop.get('color_warmup_strength')))} the first {crop.get('color_warmup_iters')} iterations)"
 
 

@@ -30,7 +30,7 @@ import logging
 from typing import Iterator, List
 
 from vissl_swav_plugin.hooks import NoOpHook, register_monitor_hooks
-from vissl_swav_plugin.multicrop_config import TRANSFORM_NAME
+from vissl_swav_plugin.multicrop_config import TRANSFORM_NAME, WARMUP_LINEAR
 
 def scheduled_transforms(dataset) -> Iterator:
     """The ``multicrop_plugin`` transforms with a colour warm-up inside a VISSL dataset
@@ -57,10 +57,10 @@ class ColorWarmupHook(NoOpHook):
             before = list(t.current_color_strength)
             now = t.set_epoch(epoch, per_epoch)
             if now != before or not self._logged:
-                how = "ramping linearly from" if t.color_warmup_schedule == "linear" else ""
-                _log_rank0(f"{TRANSFORM_NAME}: colour-distortion strength {how}{' ' if how else ''}"
-                           f"{t.color_warmup_strength} for the epochs that start within {t.color_warmup_iters} "
-                           f"iterations, then {t.color_strength}; epoch {epoch} ({per_epoch} it/epoch): {now}")
+                how = "ramping linearly from " if t.color_warmup_schedule == WARMUP_LINEAR else ""
+                _log_rank0(f"{TRANSFORM_NAME}: colour-distortion strength {how}{t.color_warmup_strength} for the epochs "
+                           f"that start within {t.color_warmup_iters} iterations, then {t.color_strength}; "
+                           f"epoch {epoch} ({per_epoch} it/epoch): {now}")
         self._logged = True
 
     def on_start(self, task) -> None:

@@ -59,6 +59,8 @@ from vissl_swav_plugin.multicrop_config import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     TRANSFORM_NAME,
+    WARMUP_LINEAR,
+    WARMUP_STEP,
     MultiCropConfigError,
     check_config_keys,
     validate_params,
@@ -93,6 +95,11 @@ _U_GRAY = _U_ORDER + 4
 _U_BLUR = _U_GRAY + 1
 _U_SIGMA = _U_BLUR + 1
 _U_COUNT = _U_SIGMA + 1
+
+
+def _first_iteration(epoch: int, iters_per_epoch: int) -> int:
+    """The training iteration (0-based) at which epoch ``epoch`` of ``iters_per_epoch`` starts."""
+    return int(epoch) * max(1, int(iters_per_epoch))
 
 
 @register_transform(TRANSFORM_NAME)
@@ -177,7 +184,7 @@ class MultiCropPlugin(ClassyTransform):
         min_std: Optional[float] = None,
         color_warmup_iters: int = 0,
         color_warmup_strength: Any = None,
-        color_warmup_schedule: str = "step",
+        color_warmup_schedule: str = WARMUP_STEP,
     ):
         p = validate_params(
             num_crops, size_crops, crop_scales, crop_ratios, total_num_crops, flip_p,
@@ -244,7 +251,7 @@ class MultiCropPlugin(ClassyTransform):
         """Whether training epoch ``epoch`` (0-based) of ``iters_per_epoch`` iterations starts
         within the first ``color_warmup_iters`` iterations (so the warm-up lasts whole epochs:
         ``ceil(color_warmup_iters / iters_per_epoch)`` of them)."""
-        return self.color_warmup_iters > 0 and int(epoch) * max(1, int(iters_per_epoch)) < self.color_warmup_iters
+        return self.color_warmup_iters > 0 and _first_iteration(epoch, iters_per_epoch) < self.color_warmup_iters
 
     def set_epoch(self, epoch: int, iters_per_epoch: int) -> List[float]:
         """Use the colour-distortion strength of training epoch ``epoch`` (0-based) of
@@ -256,8 +263,8 @@ class MultiCropPlugin(ClassyTransform):
         used without it keeps the warm-up strength.  Returns the strength per group."""
         if not self.in_color_warmup(epoch, iters_per_epoch):
             self._set_strength(self.color_strength)
-        elif self.color_warmup_schedule == "linear":
-            f = int(epoch) * max(1, int(iters_per_epoch)) / self.color_warmup_iters
+        elif self.color_warmup_schedule == WARMUP_LINEAR:
+            f = _first_iteration(epoch, iters_per_epoch) / self.color_warmup_iters
             self._set_strength([w + (s - w) * f for w, s in zip(self.color_warmup_strength, self.color_strength)])
         else:
             self._set_strength(self.color_warmup_strength)
