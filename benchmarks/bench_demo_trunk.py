@@ -11,14 +11,15 @@ prototypes, as in ``pretrain/swav/swav_fashion_mnist_cpu``):
 * ``r10-cl-fp32``:   ResNet-10, channels-last, fp32 -- the recipe now.
 
 Each step feeds the crops as VISSL's multi-resolution forward does: the crops of one size
-concatenated into one batch (``2 x batch`` at 28 px, ``4 x batch`` at 16 px).  Steps
+concatenated into one batch (``2 x batch`` at 28 px, ``4 x batch`` at 16 px).  ``--widths 24,32`` adds the recipe's ResNet-10 (channels-last, fp32) at those widths
+(``r10-cl-fp32-w24`` ...: res5avg of 8 x width dims), to price a wider trunk.  Steps
 alternate between the variants in rounds (A B C D, then D C B A, ...); the figure is each
 variant's median ms/step after ``--warmup`` rounds, and the ratio is the baseline's median
 over the variant's (> 1: faster than the recipe before).  Threads: ``--threads`` (default 1,
 the demo's threads per training process on the 2-core machine).
 
 usage: python benchmarks/bench_demo_trunk.py [--batch 64] [--crops 2x28,4x16] [--rounds 8]
-          [--warmup 2] [--threads 1]
+          [--warmup 2] [--threads 1] [--widths 24,32]
 """
 import argparse
 import statistics
@@ -27,13 +28,14 @@ import time
 
 import torch
 
-VARIANTS = {  # name: (DEPTH, CHANNELS_LAST, bf16 autocast)
-    "r18-nchw-bf16": (18, False, True),
-    "r18-cl-fp32": (18, True, False),
-    "r10-cl-bf16": (10, True, True),
-    "r10-cl-fp32": (10, True, False),
+VARIANTS = {  # name: (DEPTH, CHANNELS_LAST, bf16 autocast, WIDTH)
+    "r18-nchw-bf16": (18, False, True, 16),
+    "r18-cl-fp32": (18, True, False, 16),
+    "r10-cl-bf16": (10, True, True, 16),
+    "r10-cl-fp32": (10, True, False, 16),
 }
 BASELINE = "r18-nchw-bf16"
+RECIPE = "r10-cl-fp32"  # the demo's trunk now
 
 
 def build(depth, channels_last, width=16, prototypes=100):
@@ -54,9 +56,9 @@ def build(depth, channels_last, width=16, prototypes=100):
 class Step:
     """One variant's model, optimizer and a fixed batch of crops."""
 
-    def __init__(self, name, crops, batch):
-        depth, channels_last, self.bf16 = VARIANTS[name]
-        self.model = build(depth, channels_last)
+    def __init__(self, name, crops, batch, variants=VARIANTS):
+        depth, channels_last, self.bf16, width = variants[name]
+        self.model = build(depth, channels_last, width=width)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         g = torch.Generator().manual_seed(1)
         self.inputs = [torch.randn(n * batch, 3, s, s, generator=g) for n, s in crops]
@@ -83,6 +85,17 @@ def parse_crops(text):
         raise SystemExit(f"bench_demo_trunk: --crops must look like 2x28,4x16, got {text!r}") from None
 
 
+def parse_widths(text):
+    """``"24,32"`` -> ``[24, 32]`` (``""`` -> ``[]``)."""
+    try:
+        widths = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        widths = [0]
+    if any(w < 1 for w in widths):
+        raise SystemExit(f"bench_demo_trunk: --widths must look like 24,32, got {text!r}")
+    return widths
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=64, help="images per process (default 64, the demo's)")
@@ -90,23 +103,30 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--widths", default="", help="also time the ResNet-10 (channels-last, fp32) at these "
+                    "widths, e.g. 24,32")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     crops = parse_crops(args.crops)
-    steps = {name: Step(name, crops, args.batch) for name in VARIANTS}
-    times = {name: [] for name in VARIANTS}
-    order = list(VARIANTS)
+    variants = dict(VARIANTS)
+    for w in parse_widths(args.widths):
+        variants[f"r10-cl-fp32-w{w}"] = (10, True, False, w)
+    steps = {name: Step(name, crops, args.batch, variants) for name in variants}
+    times = {name: [] for name in variants}
+    order = list(variants)
     for r in range(args.warmup + args.rounds):
         for name in (order if r % 2 == 0 else order[::-1]):
             ms = steps[name]()
             if r >= args.warmup:
                 times[name].append(ms)
     base = statistics.median(times[BASELINE])
+    recipe = statistics.median(times[RECIPE])
     print(f"demo training step, batch {args.batch}, crops {args.crops}, {args.threads} thread(s), "
           f"median of {args.rounds} rounds")
-    for name in VARIANTS:
+    for name in variants:
         med = statistics.median(times[name])
-        print(f"  {name:14s} {med:8.1f} ms/step   speed-up over {BASELINE}: {base / med:5.2f}x")
+        print(f"  {name:16s} {med:8.1f} ms/step   speed-up over {BASELINE}: {base / med:5.2f}x   "
+              f"time / {RECIPE}'s: {med / recipe:5.2f}x")
     return 0
 
 

@@ -114,7 +114,9 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
             ``precise_bn`` (HOOKS.PRECISE_BN.ENABLED), ``color_strength`` (the colour-distortion
             strength s of every ``multicrop_plugin`` entry; 0 turns the colour jitter off; None,
             both modes' default, keeps the config's), ``color_warmup_iters`` (the colour-distortion
-            warm-up of every ``multicrop_plugin`` entry; 0: none) and ``normalize`` (``dataset`` /
+            warm-up of every ``multicrop_plugin`` entry; 0: none), ``color_warmup_default`` (used
+            when ``color_warmup_iters`` is None: the warm-up length of the entries that have a
+            warm-up; the others are left as they are) and ``normalize`` (``dataset`` /
             ``per_image`` for every ``multicrop_plugin`` entry, :mod:`vissl_swav_plugin.standardize`;
             None keeps the config's).
         data_folder: the ImageFolder to train on (DATA_PATHS and LABEL_PATHS).
@@ -122,7 +124,11 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         use_amp: bf16 autocast (MODEL.AMP_PARAMS.USE_AMP).
         procs: gloo processes (DISTRIBUTED.NUM_PROC_PER_NODE).
         seed: SEED_VALUE.
-        user_overrides: ``--override`` values, appended last (they win).
+        user_overrides: ``--override`` values, appended after the demo's own (they win), but
+            before the per-entry overrides of the transforms that ``color_strength``,
+            ``normalize`` and ``color_warmup_iters`` make (those act on the composed list, the
+            user's if the user replaced it); ``color_warmup_default`` stays out when they touch
+            DATA.TRAIN.TRANSFORMS.
         device: ``"cpu"`` (the config's gloo/bf16 settings) or ``"gpu"`` (NCCL, one process
             per GPU, fp16 AMP with a GradScaler, 8 data-loader workers).
 
@@ -161,12 +167,21 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         if mode.get(key) is not None and not crops:
             raise DemoError(f"{CONFIG}: --{key.replace('_', '-')} needs a multicrop_plugin entry in "
                             f"DATA.TRAIN.TRANSFORMS, got {[t.get('name') for t in transforms]}")
+    # Per-entry overrides of the transforms come after the user's: their indices are those of the
+    # composed list, which a user's --override may have replaced (before, --color-strength on a
+    # user's own TRANSFORMS list was silently lost under it).
+    entry = []
     if mode.get("color_strength") is not None:
-        base += [f"config.DATA.TRAIN.TRANSFORMS.{i}.color_strength={mode['color_strength']}" for i in crops]
+        entry += [f"++config.DATA.TRAIN.TRANSFORMS.{i}.color_strength={mode['color_strength']}" for i in crops]
     if mode.get("normalize") is not None:
-        base += _normalize_overrides(mode["normalize"], transforms, crops)
+        entry += _normalize_overrides(mode["normalize"], transforms, crops)
     if mode.get("color_warmup_iters") is not None:
-        base += _warmup_overrides(int(mode["color_warmup_iters"]), transforms, crops)
+        entry += _warmup_overrides(int(mode["color_warmup_iters"]), transforms, crops)
+    elif mode.get("color_warmup_default") is not None and not any(
+            o.split("=", 1)[0].lstrip("+~").startswith("config.DATA.TRAIN.TRANSFORMS") for o in user):
+        # the mode's length for the config's own warm-up; a user's transforms keep theirs
+        warm = [i for i in crops if transforms[i].get("color_warmup_iters", 0) > 0]
+        entry += _warmup_overrides(int(mode["color_warmup_default"]), transforms, warm)
     if not any(o.split("=", 1)[0].lstrip("+") == "config.MODEL.HEAD.PARAMS" for o in user):
         head = [list(p) for p in composed.MODEL.HEAD.PARAMS]
         if len(head) != 1 or head[0][0] != "swav_plugin_head":
@@ -174,7 +189,7 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         params = dict(head[0][1])
         params["num_clusters"] = [mode["prototypes"]]
         base.append(f"config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{hydra_value(params)}]]")
-    return base + user
+    return base + user + entry
 
 
 def _normalize_overrides(normalize, transforms, crops):
