@@ -32,9 +32,7 @@ needs_fmnist = pytest.mark.skipif(
 # 2 processes x 64), measured with `tools/demo.py --quick --seed S` on the 2-core machine.
 # With the ResNet-10 channels-last recipe (2026-11-24):
 #   seed 0: SwAV 78.3% vs random init 72.8% (5 inits: 70.6-75.0) -> +5.5 (before the colour warm-up of
-#   the yaml); with the quick mode's 70-iteration colour ramp (benchmarks/recipe_table.py, 2026-11-24)
-#   seeds 0 / 1 / 2: 77.6 / 77.1 / 77.5 vs 72.8 / 72.4 / 72.1 -> +4.8 / +4.7 / +5.4 (with the
-#   config's 200-iteration ramp: +4.7 / +1.1 / +5.2).
+#   the yaml; with it the quick run has only been run by this test)
 # With the ResNet-18 of before (2026-11-22): seeds 0 / 1 / 2 gave +5.8 / +6.2 / +3.2.
 # A single random init is a noisy baseline (68-79% over 15 inits), hence the mean.  The test
 # (seed 0) asks for 2 points.

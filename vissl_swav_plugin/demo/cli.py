@@ -32,21 +32,14 @@ DESCRIPTION = "`make demo`: SwAV on Fashion-MNIST on a few CPU cores, end to end
 # statistics at the end (HOOKS.PRECISE_BN): at 0.1 the quick run collapsed on Animal-MNIST
 # (issue 15), at 0.2 it learned there (README, "Collapse: what we measured").  The full mode
 # keeps the paper's 0.1 and re-estimates the BatchNorm statistics too (README, "The demo").
-# ``color_warmup_default``: the length of the config's colour-distortion warm-up in the mode
-# (None: the config's own, 200 iterations = 14% of the full run's 1404).  The quick mode
-# shortens it to 70 (15% of its 468): over 200 iterations (43% of the run) it cost Fashion-MNIST
-# seed 1 3.6 points of 20-NN (README, "Collapse: what we measured", eighth round).  It acts only
-# on multicrop_plugin entries that have a warm-up; ``--color-warmup-iters`` sets every entry's.
 MODES = {
     "full": dict(train_per_class=1000, test_per_class=1000, iters=1404, epochs=None, batch=64, queue=0,
                  freeze=100, prototypes=100, temperature=0.1, precise_bn=True, color_strength=None,
-                 color_warmup_iters=None, normalize=None, color_warmup_default=None),
+                 color_warmup_iters=None, normalize=None),
     "quick": dict(train_per_class=500, test_per_class=100, iters=468, epochs=None, batch=64, queue=0,
                   freeze=30, prototypes=100, temperature=0.2, precise_bn=True, color_strength=None,
-                  color_warmup_iters=None, normalize=None, color_warmup_default=70),
+                  color_warmup_iters=None, normalize=None),
 }
-# Mode settings that are not command-line options.
-MODE_INTERNAL = ("color_warmup_default",)
 
 
 def _on_off(value):
@@ -135,13 +128,8 @@ def build_parser():
                     help="autocast: auto = fp16 AMP on a GPU, off on CPU, where fp32 with the config's "
                          "channels-last trunk is faster than bf16 autocast (default); on = bf16 on CPU")
     for key in MODES["full"]:
-        if key in MODE_INTERNAL:
-            continue
         if key == "epochs":
             default = "the number that gives about --iters iterations on the data"
-        elif key == "color_warmup_iters":
-            default = (f"full: the config's; quick: {MODES['quick']['color_warmup_default']} on the entries "
-                       "that have a warm-up")
         elif MODES["full"][key] is None and MODES["quick"][key] is None:
             default = "both modes: the config's value"
         else:
@@ -163,7 +151,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     mode = dict(MODES["quick" if args.quick else "full"])
     for key in mode:
-        if key not in MODE_INTERNAL and getattr(args, key) is not None:
+        if getattr(args, key) is not None:
             mode[key] = getattr(args, key)
     if args.procs is not None and args.procs < 1:
         ap.error("--procs must be >= 1")
@@ -180,7 +168,7 @@ def parse_args(argv=None):
             if not 0 <= value <= MAX_COLOR_STRENGTH:
                 ap.error(f"--color-strength must be in [0, {MAX_COLOR_STRENGTH}]")
             continue
-        smallest = 0 if key in ("queue", "freeze", "color_warmup_iters", "color_warmup_default") else 1
+        smallest = 0 if key in ("queue", "freeze", "color_warmup_iters") else 1
         if value < smallest:
             ap.error(f"--{key.replace('_', '-')} must be >= {smallest}")
     if args.random_inits < 1:

@@ -114,9 +114,7 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
             ``precise_bn`` (HOOKS.PRECISE_BN.ENABLED), ``color_strength`` (the colour-distortion
             strength s of every ``multicrop_plugin`` entry; 0 turns the colour jitter off; None,
             both modes' default, keeps the config's), ``color_warmup_iters`` (the colour-distortion
-            warm-up of every ``multicrop_plugin`` entry; 0: none), ``color_warmup_default`` (used
-            when ``color_warmup_iters`` is None: the warm-up length of the entries that have a
-            warm-up; the others are left as they are) and ``normalize`` (``dataset`` /
+            warm-up of every ``multicrop_plugin`` entry; 0: none) and ``normalize`` (``dataset`` /
             ``per_image`` for every ``multicrop_plugin`` entry, :mod:`vissl_swav_plugin.standardize`;
             None keeps the config's).
         data_folder: the ImageFolder to train on (DATA_PATHS and LABEL_PATHS).
@@ -127,8 +125,7 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         user_overrides: ``--override`` values, appended after the demo's own (they win), but
             before the per-entry overrides of the transforms that ``color_strength``,
             ``normalize`` and ``color_warmup_iters`` make (those act on the composed list, the
-            user's if the user replaced it); ``color_warmup_default`` stays out when they touch
-            DATA.TRAIN.TRANSFORMS.
+            user's if the user replaced it).
         device: ``"cpu"`` (the config's gloo/bf16 settings) or ``"gpu"`` (NCCL, one process
             per GPU, fp16 AMP with a GradScaler, 8 data-loader workers).
 
@@ -177,11 +174,6 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         entry += _normalize_overrides(mode["normalize"], transforms, crops)
     if mode.get("color_warmup_iters") is not None:
         entry += _warmup_overrides(int(mode["color_warmup_iters"]), transforms, crops)
-    elif mode.get("color_warmup_default") is not None and not any(
-            o.split("=", 1)[0].lstrip("+~").startswith("config.DATA.TRAIN.TRANSFORMS") for o in user):
-        # the mode's length for the config's own warm-up; a user's transforms keep theirs
-        warm = [i for i in crops if transforms[i].get("color_warmup_iters", 0) > 0]
-        entry += _warmup_overrides(int(mode["color_warmup_default"]), transforms, warm)
     if not any(o.split("=", 1)[0].lstrip("+") == "config.MODEL.HEAD.PARAMS" for o in user):
         head = [list(p) for p in composed.MODEL.HEAD.PARAMS]
         if len(head) != 1 or head[0][0] != "swav_plugin_head":
