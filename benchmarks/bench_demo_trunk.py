@@ -11,12 +11,14 @@ prototypes, as in ``pretrain/swav/swav_fashion_mnist_cpu``):
 * ``r10-cl-fp32``:   ResNet-10, channels-last, fp32 -- the recipe now.
 
 Each step feeds the crops as VISSL's multi-resolution forward does: the crops of one size
-concatenated into one batch (``2 x batch`` at 28 px, ``4 x batch`` at 16 px).  ``--widths 24,32`` adds the recipe's ResNet-10 (channels-last, fp32) at those widths
+concatenated into one batch (``2 x batch`` at 28 px, ``4 x batch`` at 16 px).
+``--widths 24,32`` adds the recipe's ResNet-10 (channels-last, fp32) at those widths
 (``r10-cl-fp32-w24`` ...: res5avg of 8 x width dims), to price a wider trunk.  Steps
 alternate between the variants in rounds (A B C D, then D C B A, ...); the figure is each
-variant's median ms/step after ``--warmup`` rounds, and the ratio is the baseline's median
-over the variant's (> 1: faster than the recipe before).  Threads: ``--threads`` (default 1,
-the demo's threads per training process on the 2-core machine).
+variant's median ms/step after ``--warmup`` rounds, the first ratio the baseline's median
+over the variant's (> 1: faster than the recipe before), the second the variant's over the
+recipe's (``r10-cl-fp32``; > 1: slower than the recipe now).  Threads: ``--threads``
+(default 1, the demo's threads per training process on the 2-core machine).
 
 usage: python benchmarks/bench_demo_trunk.py [--batch 64] [--crops 2x28,4x16] [--rounds 8]
           [--warmup 2] [--threads 1] [--widths 24,32]
@@ -90,10 +92,18 @@ def parse_widths(text):
     try:
         widths = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        widths = [0]
-    if any(w < 1 for w in widths):
+        widths = None
+    if widths is None or any(w < 1 for w in widths):
         raise SystemExit(f"bench_demo_trunk: --widths must look like 24,32, got {text!r}")
     return widths
+
+
+def with_widths(widths):
+    """:data:`VARIANTS` and the recipe's ResNet-10 (channels-last, fp32) at each of ``widths``."""
+    variants = dict(VARIANTS)
+    for w in widths:
+        variants[f"r10-cl-fp32-w{w}"] = (10, True, False, w)
+    return variants
 
 
 def main(argv=None):
@@ -108,9 +118,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     crops = parse_crops(args.crops)
-    variants = dict(VARIANTS)
-    for w in parse_widths(args.widths):
-        variants[f"r10-cl-fp32-w{w}"] = (10, True, False, w)
+    variants = with_widths(parse_widths(args.widths))
     steps = {name: Step(name, crops, args.batch, variants) for name in variants}
     times = {name: [] for name in variants}
     order = list(variants)

@@ -18,7 +18,8 @@ def _module():
 @pytest.mark.parametrize("width", [8, 24])
 def test_width_variant_is_a_resnet10_of_that_width(width):
     mod = _module()
-    variants = dict(mod.VARIANTS, **{f"r10-cl-fp32-w{width}": (10, True, False, width)})
+    variants = mod.with_widths([width])
+    assert set(variants) == set(mod.VARIANTS) | {f"r10-cl-fp32-w{width}"}
     step = mod.Step(f"r10-cl-fp32-w{width}", [(1, 28)], 2, variants)
     trunk, head = step.model
     feats = trunk(torch.zeros(2, 3, 28, 28))[0]
@@ -35,6 +36,7 @@ def test_default_variants_are_unchanged_by_widths():
     assert mod.parse_widths("") == []
     assert mod.parse_widths("24, 32") == [24, 32]
     assert mod.VARIANTS[mod.RECIPE] == (10, True, False, 16)
+    assert mod.with_widths([]) == mod.VARIANTS
 
 
 @pytest.mark.parametrize("bad", ["2x", "24,x", "0", "-8"])
