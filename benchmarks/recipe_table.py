@@ -15,6 +15,8 @@ made with (``recipe_table_args.json``); asking for that run again with other ``-
 is an error (use another ``--out``).  A run folder from before this record reads as "not
 recorded" and is reused only without ``--extra``.  The table goes to OUT/table.md and OUT/table.json and holds
 every finished run under OUT, from this invocation and earlier ones, with its extra arguments.
+A run whose demo exits non-zero is a "failed" row; the other runs still go ahead, and the command
+then exits 1, naming each failed run and its log.
 OUT/quality.md sums the runs up per recipe and set: SwAV's kNN mean ± standard deviation over the
 seeds at 20-NN, 200-NN and 5-NN beside the random-init and raw-pixel means (the README's tables).
 """
@@ -37,6 +39,11 @@ DETECTOR_LINE = re.compile(r"Collapse detector, epoch (\d+) .*?mean loss ([0-9.]
 
 class TableError(Exception):
     """A run folder under OUT that cannot be reused as asked."""
+
+
+def run_log(out, mode, name, seed):
+    """The demo's console output of one run (beside its run folder)."""
+    return out / f"{mode}_{name}_s{seed}.log"
 
 
 def run_one(mode, name, source, seed, out, extra):
@@ -62,7 +69,7 @@ def run_one(mode, name, source, seed, out, extra):
         run_out.mkdir(parents=True, exist_ok=True)
         args_path.write_text(json.dumps(list(extra)) + "\n")
         t = time.time()
-        with open(out / f"{mode}_{name}_s{seed}.log", "w") as log:
+        with open(run_log(out, mode, name, seed), "w") as log:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
         print(f"{mode} {name} seed {seed}: exit {rc} in {time.time() - t:.0f}s", flush=True)
         if rc != 0:
@@ -210,7 +217,11 @@ def main(argv=None):
     table = merge(rows, finished_runs(out))  # the files were written after the last run
     print(markdown(table))
     print(quality_markdown(quality(table)))
-    return 0
+    failed = [r for r in rows if r.get("exit_code", 0) != 0]
+    for r in failed:  # the table says "failed"; the exit status says it too, for scripts and queues
+        print(f"recipe_table: error: {r['mode']} {r['set']} seed {r['seed']} failed (demo exit {r['exit_code']}); "
+              f"see {run_log(out, r['mode'], r['set'], r['seed'])}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
