@@ -217,3 +217,39 @@ def test_tools_demo_help_lists_every_option():
                 "--normalize", "--override",
                 "--device"):
         assert opt in out, opt
+
+
+def test_figure_names_the_image_set(tmp_path):
+    """The figure's title names the set: Fashion-MNIST for the default --source (however it is
+    spelled), the folder's name for any other."""
+    from types import SimpleNamespace
+
+    from vissl_swav_plugin.demo.cli import parse_args
+    from vissl_swav_plugin.demo.report import _set_name
+
+    default = parse_args([])[0]
+    assert _set_name(SimpleNamespace(args=default)) == "Fashion-MNIST"
+    assert _set_name(SimpleNamespace(args=SimpleNamespace(source=default.source + "/"))) == "Fashion-MNIST"
+    assert _set_name(SimpleNamespace(args=SimpleNamespace(source=str(tmp_path / "animal_mnist")))) == "animal_mnist"
+
+
+def test_collapse_warnings_are_the_detectors_own_message():
+    """The demo finds the detector's warnings in a training log by the detector's own headline,
+    each with its indented lines, among VISSL's other log lines; a quiet log gives none."""
+    import math
+
+    from vissl_swav_plugin import collapse_report
+    from vissl_swav_plugin.demo.training import COLLAPSE_HEADLINE, collapse_warnings
+
+    assert COLLAPSE_HEADLINE == collapse_report.COLLAPSE_HEADLINE
+    lk = math.log(100)
+    heads = [dict(K=100, ln_k=lk, sample_entropy=lk, mean_entropy=lk, used=100)]
+    settings = dict(ON_COLLAPSE="warn", PATIENCE_ITERS=100, LOSS_TOL=0.02, ENTROPY_TOL=0.05,
+                    MIN_PROTOTYPES_USED_FRAC=0.02)
+    msgs = [collapse_report.collapse_message("uniform", "swav_plugin_loss", lk, heads, settings, {}, (a, a + 99), 100,
+                                             e, 0.3, [100]) for a, e in ((1, 2), (400, 7))]
+    info = "INFO 2026-11-25 03:01:09,317 progress.py: 112: progress: epoch 3/18 | iter 200/1404 | loss 4.6048"
+    log = "\n".join([info, "WARNING 2026-11-25 03:01:13,610 collapse.py: 325: " + msgs[0], info,
+                     "WARNING 2026-11-25 03:05:00,000 collapse.py: 325: " + msgs[1], info])
+    assert collapse_warnings(log) == msgs
+    assert collapse_warnings(info + "\n" + info) == []

@@ -104,6 +104,9 @@ def test_swav_quick_run_beats_random_init(tmp_path):
     detector_lines = [line for line in log.splitlines() if "Collapse detector, epoch " in line]
     assert len(detector_lines) == report["config"]["mode"]["epochs"], detector_lines[-3:]
     assert "COLLAPSE DETECTED" not in log and "CollapseError" not in log, "the collapse detector fired"
+    assert report["summary"]["collapse_detected"] is False and report["collapse_detector"]["warnings"] == []
+    assert "collapse detector fired" not in proc.stdout
+    assert report["figure_title"].startswith("SwAV (vissl-swav-plugin) on Fashion-MNIST, ")
     # the recipe's colour warm-up ran in the training processes: a weaker distortion (or one
     # ramping up) for the epochs that start within color_warmup_iters, then the configured one
     mc = next(t for t in report["config"]["transforms"] if t["name"] == "multicrop_plugin")
@@ -164,3 +167,38 @@ def test_demo_names_a_corrupt_dataset_file(tmp_path):
     )
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert str(src / "train-images-idx3-ubyte.gz") in proc.stdout and "Traceback" not in proc.stdout
+
+
+@needs_fmnist
+def test_demo_shows_a_collapse_on_the_console_in_the_report_and_the_figure(tmp_path):
+    """A run forced to collapse (temperature 100: uniform predictions, the loss at ln K from the
+    first iteration, as in test_collapse.py) with the detector's patience at 3 iterations: the
+    detector's warning, which VISSL's log holds, is shown while training runs, repeated after the
+    summary, and recorded in the JSON report and the figure's title; the demo still exits 0
+    (ON_COLLAPSE=warn, the config's), with the figures of the collapsed run."""
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "demo.py"), "--quick", "--seed", "0", "--out", str(out),
+         "--data-dir", str(tmp_path / "data"), "--train-per-class", "13", "--test-per-class", "5", "--epochs", "6",
+         "--random-inits", "1", "--temperature", "100",
+         "--override", "config.HOOKS.COLLAPSE_DETECTOR.PATIENCE_ITERS=3"],
+        cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=HANG_S,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    log = (out / "run" / "train_log.txt").read_text()
+    fired = [ln for ln in log.splitlines() if "COLLAPSE DETECTED" in ln]
+    assert fired, "the forced collapse did not fire the detector: " + log[-3000:]
+    first = fired[0][fired[0].index("COLLAPSE DETECTED"):].rstrip()
+    console = proc.stdout
+    # shown during training (before the evaluation step) and again at the very end
+    assert console.index(f"WARNING: {first}") < console.index("[3/4] evaluation")
+    assert "the collapse detector fired during training" in console[console.index("Report:"):]
+    report = json.loads((out / "swav_demo_report.json").read_text())
+    assert report["summary"]["collapse_detected"] is True
+    assert report["collapse_detector"]["fired"] is True
+    warnings = report["collapse_detector"]["warnings"]
+    assert len(warnings) == len(fired) and warnings[0].splitlines()[0] == first
+    assert "Config keys to change" in warnings[0]  # the whole message, not only its first line
+    assert report["figure_title"].startswith("COLLAPSED (the collapse detector fired): SwAV (vissl-swav-plugin) "
+                                             "on Fashion-MNIST, ")

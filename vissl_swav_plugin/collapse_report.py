@@ -119,6 +119,10 @@ def epoch_line(loss_name: str, epoch: int, loss: float, heads: List[dict], label
     return " | ".join(parts)
 
 
+#: the first words of the detector's warning (the demo finds the warning in the training log by them)
+COLLAPSE_HEADLINE = "COLLAPSE DETECTED"
+
+
 def collapse_message(kind: str, loss_name: str, loss: float, heads: List[dict], settings: dict, context: dict,
                      iterations, streak: int, epoch: int, lr: Optional[float], epoch_used: List[int]) -> str:
     """The multi-line ``COLLAPSE DETECTED`` text: what was seen (with numbers), what it
@@ -131,7 +135,7 @@ def collapse_message(kind: str, loss_name: str, loss: float, heads: List[dict], 
         when = f"at the last of {streak} consecutive iterations (train iterations {iterations[0]} to {iterations[1]}, " \
                f"epoch {epoch}; all processes)"
         head = f"{streak} consecutive iterations in the collapsed state \"{STATE_NAMES[kind]}\""
-    lines = [f"COLLAPSE DETECTED ({loss_name}): {head}.",
+    lines = [f"{COLLAPSE_HEADLINE} ({loss_name}): {head}.",
              f"  What the detector saw {when}:",
              f"    loss {loss:.4f}, ln K {ln_k:.4f} (loss = {loss / ln_k:.3f} ln K)"]
     for i, h in enumerate(heads):

@@ -13,11 +13,11 @@ import time
 import warnings
 from pathlib import Path
 
-from .common import REPO, Clock, DemoError, DemoSetup, EvaluationRun, TrainingRun, fmt_secs
+from .common import FASHION_MNIST, REPO, Clock, DemoError, DemoSetup, EvaluationRun, TrainingRun, fmt_secs
 from .data import prepare_data
 from .evaluation import evaluate
 from .report import REPORT_JSON, REPORT_PNG, build_report, figure_meta, make_figure, print_summary, write_json
-from .training import final_checkpoint, read_loss_curve, run_training, training_overrides
+from .training import collapse_warnings, final_checkpoint, read_loss_curve, run_training, training_overrides
 
 DESCRIPTION = "`make demo`: SwAV on Fashion-MNIST on a few CPU cores, end to end."
 
@@ -93,7 +93,7 @@ def main(argv=None):
         print(f"demo: error: {e}", file=sys.stderr)
         return 2
     print_summary(evaluation.results, evaluation.protos, len(data["train_y"]), len(data["test_y"]), times,
-                  png, setup.out / REPORT_JSON)
+                  png, setup.out / REPORT_JSON, collapse=train.collapse, train_log=setup.run_dir / "train_log.txt")
     return 0
 
 
@@ -113,7 +113,7 @@ def build_parser():
     ap.add_argument("--out", default=str(REPO / "demo_output"), help="report folder (default demo_output/)")
     ap.add_argument("--data-dir", default=str(REPO / "data"),
                     help="where the Fashion-MNIST ImageFolder is written / reused (default data/)")
-    ap.add_argument("--source", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST IDX files")
+    ap.add_argument("--source", default=FASHION_MNIST, help="Fashion-MNIST IDX files")
     ap.add_argument("--seed", type=int, default=0, help="VISSL SEED_VALUE (also the random-init model's seed)")
     ap.add_argument("--procs", type=int, default=None,
                     help="training processes (default: 2 gloo processes on CPU, one per GPU on GPUs)")
@@ -253,7 +253,8 @@ def training_step(setup, data):
         raise DemoError(f"no loss values found in {setup.ckpt_dir / 'stdout.json'} nor in the log")
     print(f"  done in {fmt_secs(t_train)}: loss {curve[0]['loss']:.3f} -> {curve[-1]['loss']:.3f}, "
           f"checkpoint {ckpt.name}", flush=True)
-    return TrainingRun(overrides=overrides, curve=curve, wall_s=t_train, checkpoint=ckpt)
+    collapse = collapse_warnings((setup.run_dir / "train_log.txt").read_text())
+    return TrainingRun(overrides=overrides, curve=curve, wall_s=t_train, checkpoint=ckpt, collapse=collapse)
 
 
 def evaluation_step(setup, data, train):
@@ -275,9 +276,11 @@ def report_step(setup, clock, data, train, evaluation, t_data):
     before_figure = clock.elapsed()
     png = setup.out / REPORT_PNG
     meta = figure_meta(setup, evaluation.config, evaluation.results, len(data["train_y"]), len(data["test_y"]),
-                       train.wall_s)
+                       train.wall_s, collapsed=bool(train.collapse))
     make_figure(png, train.curve, evaluation.results, evaluation.protos["swav"], data["test_x"], meta)
     times = dict(data=t_data, train=train.wall_s, evaluation=evaluation.wall_s, report=time.time() - t)
     times.update(total=clock.elapsed(), before_figure=before_figure)
-    write_json(setup.out / REPORT_JSON, build_report(setup, clock, data, train, evaluation, times, png))
+    report = build_report(setup, clock, data, train, evaluation, times, png)
+    report["figure_title"] = meta["title"]
+    write_json(setup.out / REPORT_JSON, report)
     return times, png

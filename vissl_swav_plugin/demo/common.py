@@ -8,7 +8,7 @@ import os
 import resource
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -16,6 +16,8 @@ _ROOT = Path(__file__).resolve().parents[2]
 # (a wheel installed in site-packages, `swav-plugin-demo`) the working directory.
 REPO = _ROOT if (_ROOT / "setup.py").is_file() and (_ROOT / "tools").is_dir() else Path.cwd()
 CONFIG = "pretrain/swav/swav_fashion_mnist_cpu"
+#: the demo's image set (``--source``): the Debian package's Fashion-MNIST IDX files
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
 
 class DemoError(RuntimeError):
@@ -113,12 +115,14 @@ class TrainingRun:
         curve: the loss per iteration, ``[dict(iter, ep, loss, lr), ...]``.
         wall_s: the launcher's wall time in seconds.
         checkpoint: VISSL's final checkpoint.
+        collapse: the collapse detector's warnings in the training log (``[]``: it stayed quiet).
     """
 
     overrides: list
     curve: list
     wall_s: float
     checkpoint: Path
+    collapse: list = field(default_factory=list)
 
 
 @dataclass

@@ -10,9 +10,10 @@ import datetime
 import json
 import os
 import platform
+import sys
 from pathlib import Path
 
-from .common import CONFIG, fmt_secs
+from .common import CONFIG, FASHION_MNIST, fmt_secs
 
 REPORT_PNG = "swav_demo_report.png"
 REPORT_JSON = "swav_demo_report.json"
@@ -53,15 +54,17 @@ def gains(results):
             results["swav"]["knn20"] - results["raw_pixels"]["nn5_euclid"])
 
 
-def figure_meta(setup, config, results, n_train, n_test, train_wall_s):
+def figure_meta(setup, config, results, n_train, n_test, train_wall_s, collapsed=False):
     """The figure's ``title`` and ``subtitle`` (the run's settings and its headline numbers),
-    with the image counts ``n_train`` / ``n_test`` for the panels."""
+    with the image counts ``n_train`` / ``n_test`` for the panels; ``collapsed``: the collapse
+    detector fired during training, which the title says first."""
     mode = setup.mode
     gain, vs_px = gains(results)
     return dict(
         n_train=n_train, n_test=n_test,
-        title=f"SwAV (vissl-swav-plugin) on Fashion-MNIST, {os.cpu_count()} CPU cores, "
-              f"{fmt_secs(train_wall_s)} of training",
+        title=("COLLAPSED (the collapse detector fired): " if collapsed else "")
+        + f"SwAV (vissl-swav-plugin) on {_set_name(setup)}, {os.cpu_count()} CPU cores, "
+          f"{fmt_secs(train_wall_s)} of training",
         subtitle=(f"{n_train} unlabelled training images, {mode['epochs']} epochs, {describe_model(config)} "
                   f"({results['swav']['feature_dim']}-d res5avg), {describe_crops(config)}, "
                   f"{mode['prototypes']} prototypes, batch {setup.args.procs}x{mode['batch']}, "
@@ -70,6 +73,12 @@ def figure_meta(setup, config, results, n_train, n_test, train_wall_s):
                   f"{results['random_init']['knn20']:.1f}% ({gain:+.1f}) vs raw-pixel 5-NN "
                   f"{results['raw_pixels']['nn5_euclid']:.1f}% ({vs_px:+.1f})"),
     )
+
+
+def _set_name(setup):
+    """The image set's name in the figure: Fashion-MNIST, or the ``--source`` folder's name."""
+    source = Path(setup.args.source).resolve()
+    return "Fashion-MNIST" if source == Path(FASHION_MNIST).resolve() else source.name
 
 
 def make_figure(path, curve, results, protos, test_x, meta):
@@ -217,7 +226,8 @@ def build_report(setup, clock, data, train, evaluation, times, png):
     return dict(
         mode=setup.label,
         created=datetime.datetime.now().isoformat(timespec="seconds"),
-        summary=_summary(results, curve, times["total"], times["train"]),
+        summary=_summary(results, curve, times["total"], times["train"], train.collapse),
+        collapse_detector=dict(fired=bool(train.collapse), warnings=list(train.collapse)),
         knn={k: {m: (round(v, 2) if isinstance(v, float) else v) for m, v in r.items()}
              for k, r in results.items()},
         knn_protocols=dict(KNN_PROTOCOLS),
@@ -241,10 +251,12 @@ def build_report(setup, clock, data, train, evaluation, times, png):
     )
 
 
-def _summary(results, curve, total, train_wall_s):
-    """The report's headline numbers."""
+def _summary(results, curve, total, train_wall_s, collapse=()):
+    """The report's headline numbers; ``collapse_detected``: the collapse detector warned
+    during training (its messages are the report's ``collapse_detector.warnings``)."""
     gain, vs_px = gains(results)
     return dict(
+        collapse_detected=bool(collapse),
         knn20_swav=round(results["swav"]["knn20"], 2),
         knn20_random_init=round(results["random_init"]["knn20"], 2),
         knn20_random_init_range=results["random_init"]["range"]["knn20"],
@@ -283,8 +295,10 @@ def write_json(path, report):
     Path(path).write_text(json.dumps(report, indent=2, default=str) + "\n")
 
 
-def print_summary(results, protos, n_train, n_test, times, png, json_path):
-    """The command's closing lines: kNN top-1 per method, prototype use, times, the files."""
+def print_summary(results, protos, n_train, n_test, times, png, json_path, collapse=(), train_log=None):
+    """The command's closing lines: kNN top-1 per method, prototype use, times, the files, and
+    last, when the collapse detector warned during training (``collapse``), that warning's first
+    line and where its whole message is."""
     print(f"\nkNN top-1 on {n_test} test images (memory bank: the {n_train} training images):")
     for key, name in (("swav", "SwAV"), ("random_init", "random init"), ("raw_pixels", "raw pixels")):
         r = results[key]
@@ -298,3 +312,8 @@ def print_summary(results, protos, n_train, n_test, times, png, json_path):
     print(f"time: total {fmt_secs(times['total'])} (data {times['data']:.0f}s, training {times['train']:.0f}s, "
           f"evaluation {times['evaluation']:.0f}s, report {times['report']:.0f}s)")
     print(f"\nReport: {png}\n        {json_path}", flush=True)
+    if collapse:
+        print(f"\nWARNING: the collapse detector fired during training ({len(collapse)} warning(s)); the SwAV "
+              f"figures above come from a collapsed run.\n  {collapse[0].splitlines()[0]}\n  The whole message "
+              f"(causes, config keys to change): {train_log}; README \"Troubleshooting: Loss stuck at ln(K)\".",
+              file=sys.stderr, flush=True)

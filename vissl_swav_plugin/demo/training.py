@@ -17,6 +17,9 @@ from pathlib import Path
 from .common import CONFIG, DemoError, compose_config, fmt_secs
 
 LAUNCHER = ["-m", "vissl_swav_plugin.tools.launch"]  # = tools/run_distributed_engines.py, also from a wheel
+#: how the collapse detector's warning starts: ``collapse_report.COLLAPSE_HEADLINE`` (not imported
+#: here: that module pulls in torch; tests/test_demo.py checks the two are equal)
+COLLAPSE_HEADLINE = "COLLAPSE DETECTED"
 
 
 class Progress:
@@ -65,6 +68,32 @@ class Progress:
         if self.tty and self.width:
             self.stream.write("\n")
             self.stream.flush()
+
+    def note(self, text):
+        """Print ``text`` on lines of its own (below a self-updating line, which goes on after it)."""
+        if self.tty and self.width:
+            self.stream.write("\n")
+            self.width = 0
+        print(text, file=self.stream, flush=True)
+
+
+def collapse_warnings(log_text):
+    """The collapse detector's warnings in a training log, one string each: the
+    ``COLLAPSE DETECTED`` line (from those words on) and the indented lines after it.
+
+    Example: a log whose detector fired once gives ``["COLLAPSE DETECTED (swav_plugin_loss):
+    100 consecutive iterations ...\n  What the detector saw ..."]``; a quiet run's gives ``[]``.
+    """
+    found, block = [], None
+    for line in log_text.splitlines():
+        if COLLAPSE_HEADLINE in line:
+            block = [line[line.index(COLLAPSE_HEADLINE):]]
+            found.append(block)
+        elif block is not None and line.startswith(" "):
+            block.append(line)
+        else:
+            block = None
+    return ["\n".join(b) for b in found]
 
 
 def parse_log_line(line):
@@ -235,6 +264,7 @@ def run_training(overrides, run_dir, total_iters, num_epochs, threads):
     (run_dir / "train_command.txt").write_text(" ".join(cmd) + "\n")
     progress = Progress(total_iters)
     curve = []
+    warned = False
     t0 = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=str(run_dir), env=env, stdout=subprocess.PIPE,
@@ -242,6 +272,11 @@ def run_training(overrides, run_dir, total_iters, num_epochs, threads):
         try:
             for line in proc.stdout:
                 log.write(line)
+                if COLLAPSE_HEADLINE in line and not warned:  # the detector's warning: shown, not only logged
+                    warned = True
+                    progress.note(f"  WARNING: {line[line.index(COLLAPSE_HEADLINE):].rstrip()}\n"
+                                  f"  (the detector's whole message: {log_path}; training goes on; "
+                                  "HOOKS.COLLAPSE_DETECTOR.ON_COLLAPSE=stop would end it)")
                 rec = parse_log_line(line)
                 if rec is not None:
                     curve.append(rec)
