@@ -219,8 +219,8 @@ def build_report(setup, clock, data, train, evaluation, times, png):
         png: the figure's path.
 
     Returns:
-        ``dict(mode, created, summary, knn, knn_protocols, prototypes, times_s, host, data,
-        config, loss_curve, checkpoint, files)``.
+        ``dict(mode, created, summary, collapse_detector, knn, knn_protocols, prototypes, times_s, host,
+        data, config, loss_curve, checkpoint, files)`` (the demo adds ``figure_title``).
     """
     results, curve = evaluation.results, train.curve
     return dict(
