@@ -275,8 +275,7 @@ def run_training(overrides, run_dir, total_iters, num_epochs, threads):
                 if COLLAPSE_HEADLINE in line and not warned:  # the detector's warning: shown, not only logged
                     warned = True
                     progress.note(f"  WARNING: {line[line.index(COLLAPSE_HEADLINE):].rstrip()}\n"
-                                  f"  (the detector's whole message: {log_path}; training goes on; "
-                                  "HOOKS.COLLAPSE_DETECTOR.ON_COLLAPSE=stop would end it)")
+                                  f"  (the whole message, with the config keys to change: {log_path})")
                 rec = parse_log_line(line)
                 if rec is not None:
                     curve.append(rec)
