@@ -93,7 +93,7 @@ def main(argv=None):
         print(f"demo: error: {e}", file=sys.stderr)
         return 2
     print_summary(evaluation.results, evaluation.protos, len(data["train_y"]), len(data["test_y"]), times,
-                  png, setup.out / REPORT_JSON, collapse=train.collapse, train_log=setup.run_dir / "train_log.txt")
+                  png, setup.out / REPORT_JSON, collapse=train.collapse, train_log=setup.train_log)
     return 0
 
 
@@ -244,7 +244,7 @@ def training_step(setup, data):
     print(f"[2/4] SwAV pre-training through VISSL's launcher: {args.procs} {'gloo' if setup.device == 'cpu' else 'NCCL'} process(es) x "
           f"{setup.threads} thread(s), {mode['epochs']} epochs x {per_rank} it, batch "
           f"{args.procs}x{mode['batch']}, {amp_label(setup)} "
-          f"(log: {setup.run_dir / 'train_log.txt'})", flush=True)
+          f"(log: {setup.train_log})", flush=True)
     parsed, t_train = run_training(overrides, setup.run_dir, per_rank * mode["epochs"], mode["epochs"],
                                    setup.threads)
     ckpt = final_checkpoint(setup.ckpt_dir)
@@ -253,7 +253,7 @@ def training_step(setup, data):
         raise DemoError(f"no loss values found in {setup.ckpt_dir / 'stdout.json'} nor in the log")
     print(f"  done in {fmt_secs(t_train)}: loss {curve[0]['loss']:.3f} -> {curve[-1]['loss']:.3f}, "
           f"checkpoint {ckpt.name}", flush=True)
-    collapse = collapse_warnings((setup.run_dir / "train_log.txt").read_text())
+    collapse = collapse_warnings(setup.train_log.read_text())
     return TrainingRun(overrides=overrides, curve=curve, wall_s=t_train, checkpoint=ckpt, collapse=collapse)
 
 

@@ -18,6 +18,8 @@ REPO = _ROOT if (_ROOT / "setup.py").is_file() and (_ROOT / "tools").is_dir() el
 CONFIG = "pretrain/swav/swav_fashion_mnist_cpu"
 #: the demo's image set (``--source``): the Debian package's Fashion-MNIST IDX files
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+#: the training's whole log (VISSL's launcher output), in the run folder
+TRAIN_LOG = "train_log.txt"
 
 
 class DemoError(RuntimeError):
@@ -49,6 +51,11 @@ class DemoSetup:
     threads: int
     use_amp: bool
     device: str = "cpu"
+
+    @property
+    def train_log(self) -> Path:
+        """The training's whole log, ``run_dir/train_log.txt``."""
+        return self.run_dir / TRAIN_LOG
 
 
 class Clock:

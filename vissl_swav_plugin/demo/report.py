@@ -247,11 +247,11 @@ def build_report(setup, clock, data, train, evaluation, times, png):
         config=_config_section(setup, train.overrides, evaluation.config),
         loss_curve=[dict(iter=r["iter"], ep=r["ep"], loss=r["loss"], lr=r["lr"]) for r in curve],
         checkpoint=str(train.checkpoint),
-        files=dict(png=str(png), json=str(setup.out / REPORT_JSON), train_log=str(setup.run_dir / "train_log.txt")),
+        files=dict(png=str(png), json=str(setup.out / REPORT_JSON), train_log=str(setup.train_log)),
     )
 
 
-def _summary(results, curve, total, train_wall_s, collapse=()):
+def _summary(results, curve, total, train_wall_s, collapse):
     """The report's headline numbers; ``collapse_detected``: the collapse detector warned
     during training (its messages are the report's ``collapse_detector.warnings``)."""
     gain, vs_px = gains(results)
@@ -295,7 +295,7 @@ def write_json(path, report):
     Path(path).write_text(json.dumps(report, indent=2, default=str) + "\n")
 
 
-def print_summary(results, protos, n_train, n_test, times, png, json_path, collapse=(), train_log=None):
+def print_summary(results, protos, n_train, n_test, times, png, json_path, collapse, train_log):
     """The command's closing lines: kNN top-1 per method, prototype use, times, the files, and
     last, when the collapse detector warned during training (``collapse``), that warning's first
     line and where its whole message is."""

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import CONFIG, DemoError, compose_config, fmt_secs
+from .common import CONFIG, TRAIN_LOG, DemoError, compose_config, fmt_secs
 
 LAUNCHER = ["-m", "vissl_swav_plugin.tools.launch"]  # = tools/run_distributed_engines.py, also from a wheel
 #: how the collapse detector's warning starts: ``collapse_report.COLLAPSE_HEADLINE`` (not imported
@@ -256,7 +256,7 @@ def run_training(overrides, run_dir, total_iters, num_epochs, threads):
     Raises:
         DemoError: the launcher failed (the message holds the log's last 40 lines).
     """
-    log_path = run_dir / "train_log.txt"
+    log_path = run_dir / TRAIN_LOG
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                PYTHONWARNINGS="ignore")
