@@ -44,8 +44,8 @@ def build(depth, channels_last, width=16, prototypes=100):
     """The demo's trunk and head (VISSL's registered classes), seeded alike."""
     import vissl  # noqa: F401  (registers the plugin)
     from vissl.config import AttrDict
-    from vissl_swav_plugin.heads import SwAVPluginHead
-    from vissl_swav_plugin.trunks import ResNetSmallPlugin
+    from vissl_swav_plugin.models.heads import SwAVPluginHead
+    from vissl_swav_plugin.models.trunks import ResNetSmallPlugin
 
     torch.manual_seed(0)
     cfg = AttrDict({"TRUNK": {"NAME": "resnet_small_plugin", "RESNET_SMALL_PLUGIN": {

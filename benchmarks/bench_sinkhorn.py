@@ -6,7 +6,7 @@ assigned crop (``use_double_precision=False``)::
     a = scores / eps ; M = max(a) ; all_reduce_max(M) ; a -= M ; Q = exp(a).t()
     Q = distributed_sinkhornknopp(Q, num_iter, hard_assignment=False, world_size, ...)
 
-Ours = ``vissl_swav_plugin.sinkhorn.sinkhorn_knopp(scores, eps, num_iter)`` (same iterates,
+Ours = ``vissl_swav_plugin.utils.sinkhorn.sinkhorn_knopp(scores, eps, num_iter)`` (same iterates,
 scaling form: two matrix-vector products per iteration).  Both get the same scores: cosine
 similarities of L2-normalised 128-D embeddings and prototypes (values in [-1, 1], as in
 SwAV), B x K.  Rounds alternate ours / theirs so that machine load hits both alike;
@@ -50,7 +50,7 @@ def vissl_path(scores, eps, niters):
 
 
 def ours_path(scores, eps, niters):
-    from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
+    from vissl_swav_plugin.utils.sinkhorn import sinkhorn_knopp
 
     return sinkhorn_knopp(scores, eps, niters)
 

@@ -2,7 +2,7 @@
 
 Protocol: trunk ``flatten`` features of the un-augmented images (ToTensor + the
 multi-crop transform's ImageNet normalisation); the plugin's shared kNN
-(:func:`vissl_swav_plugin.knn.weighted_knn_accuracy`: 20 nearest training images by
+(:func:`vissl_swav_plugin.utils.knn.weighted_knn_accuracy`: 20 nearest training images by
 cosine, votes ``exp(sim / 0.07)``, Wu et al. 2018 as VISSL's kNN benchmark); top-1.
 """
 from pathlib import Path
@@ -56,6 +56,6 @@ def knn_accuracy(config, train_dir, val_dir, checkpoint=None, seed=None):
     trunk = build_trunk(config, checkpoint, seed)
     xtr, ytr = load_folder(train_dir)
     xte, yte = load_folder(val_dir)
-    from vissl_swav_plugin.knn import weighted_knn_accuracy
+    from vissl_swav_plugin.utils.knn import weighted_knn_accuracy
 
     return weighted_knn_accuracy(features(trunk, xtr), ytr, features(trunk, xte), yte, k=20) / 100.0

@@ -1,4 +1,4 @@
-"""Offline clustering of DeepCluster-v2 / SeLa-v2 (vissl_swav_plugin.clustering, .memory_store):
+"""Offline clustering of DeepCluster-v2 / SeLa-v2 (vissl_swav_plugin.utils.clustering, .memory_store):
 spherical k-means against planted clusters and a dense fp64 reference, SeLa assignment
 against a dense Sinkhorn written from the paper's pseudo-code, the equipartition
 constraint, the memory bank / dataset-wide tables, and 2 processes vs 1."""
@@ -11,8 +11,8 @@ from sklearn.metrics import adjusted_rand_score
 
 from _reference import paper_sinkhorn
 from conftest import run_gloo_workers
-from vissl_swav_plugin.clustering import sela_assign, spherical_kmeans
-from vissl_swav_plugin.memory_store import IGNORE_INDEX, MemoryBank, gather_table
+from vissl_swav_plugin.utils.clustering import sela_assign, spherical_kmeans
+from vissl_swav_plugin.utils.memory_bank import IGNORE_INDEX, MemoryBank, gather_table
 
 
 def planted(K=10, D=32, n=100, noise=0.15, seed=0, dtype=torch.float64):

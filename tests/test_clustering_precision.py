@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from _autocast import AMP_MODES
-from vissl_swav_plugin.clustering import sela_assign, spherical_kmeans
+from vissl_swav_plugin.utils.clustering import sela_assign, spherical_kmeans
 
 MODES = sorted(AMP_MODES)
 
@@ -90,8 +90,8 @@ N_TRAIN = 4096  # samples of the dataset (pseudo-label table rows)
 def make_loss(kind, K, D, **over):
     from vissl.config import AttrDict
 
-    from vissl_swav_plugin.deepcluster_v2 import DeepClusterV2PluginLoss
-    from vissl_swav_plugin.sela_v2 import SeLaV2PluginLoss
+    from vissl_swav_plugin.losses.deepcluster_v2 import DeepClusterV2PluginLoss
+    from vissl_swav_plugin.losses.sela_v2 import SeLaV2PluginLoss
 
     cfg = dict(name=f"{kind}_plugin_loss", num_train_samples=N_TRAIN, temperature=0.1, num_clusters=[K, K],
                embedding_dim=D, crops_for_mb=[0], init_memory_pass=True)

@@ -1,4 +1,4 @@
-"""The collapse detector (``vissl_swav_plugin/collapse.py``).
+"""The collapse detector (``vissl_swav_plugin/hooks/collapse.py``).
 
 * statistics on synthetic prototype scores against closed forms (the entropy of a uniform
   distribution is ln K, of a one-hot 0; a softmax with one logit ``m`` above K-1 equal ones
@@ -20,9 +20,9 @@ import torch
 import yaml
 
 from conftest import REPO, compose, folder_data_overrides, make_image_folder, run_gloo_workers, run_launcher
-from vissl_swav_plugin import collapse as C
-from vissl_swav_plugin.config_validation import ConfigError
-from vissl_swav_plugin.swav_loss import summarize_codes
+from vissl_swav_plugin.hooks import collapse as C
+from vissl_swav_plugin.config.validation import ConfigError
+from vissl_swav_plugin.losses.swav_loss import summarize_codes
 
 T = 0.1
 
@@ -146,7 +146,7 @@ def test_code_stats_closed_forms():
 
 def test_swav_loss_exposes_code_stats():
     from vissl.config import AttrDict
-    from vissl_swav_plugin.swav_loss import SwAVPluginLoss
+    from vissl_swav_plugin.losses.swav_loss import SwAVPluginLoss
 
     K, D, bs = 12, 8, 6
 
@@ -224,7 +224,7 @@ def test_hook_warns_once_after_patience_then_again_after_recovery(caplog):
 def test_message_quotes_the_runs_augmentation():
     """The advice line on DATA.TRAIN.TRANSFORMS quotes the config's own crop scales, crop
     counts and colour-distortion strength (the values composed, not the yaml's defaults)."""
-    from vissl_swav_plugin.collapse_report import collapse_message, run_context
+    from vissl_swav_plugin.hooks.collapse_report import collapse_message, run_context
 
     cfg = compose(["config=pretrain/swav/swav_fashion_mnist_cpu", "config.DATA.TRAIN.TRANSFORMS.0.color_strength=0.7",
                    "config.DATA.TRAIN.TRANSFORMS.0.crop_scales=[[0.4,1.0],[0.1,0.3]]"])
@@ -359,7 +359,7 @@ def test_shipped_configs_carry_the_block():
 @pytest.mark.parametrize("config", ["test/swav_plugin/quick_cpu", "pretrain/deepcluster_v2/deepclusterv2_quick_cpu",
                                     "pretrain/sela_v2/selav2_quick_cpu"])
 def test_every_plugin_loss_gets_a_detector_unless_disabled(config):
-    from vissl_swav_plugin.hooks import hooks_for_config
+    from vissl_swav_plugin.hooks.registry import hooks_for_config
 
     def detectors(overrides):
         return [h for h in hooks_for_config(compose([f"config={config}", *overrides]))

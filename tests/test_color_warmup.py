@@ -1,5 +1,5 @@
 """The colour-distortion warm-up: ``multicrop_plugin``'s ``color_warmup_iters`` /
-``color_warmup_strength`` and :class:`vissl_swav_plugin.color_warmup.ColorWarmupHook`.
+``color_warmup_strength`` and :class:`vissl_swav_plugin.hooks.color_warmup.ColorWarmupHook`.
 
 Independent truths: a transform built at the warm-up strength (its sampled jitter for the
 same random numbers); the closed form of which epochs start within N iterations; the images a
@@ -16,8 +16,8 @@ from PIL import Image
 import vissl  # noqa: F401  (registers the plugin)
 from classy_vision.dataset.transforms import build_transform
 from conftest import compose, folder_data_overrides
-from vissl_swav_plugin.color_warmup import ColorWarmupHook, color_warmup_hooks
-from vissl_swav_plugin.config_validation import ConfigError
+from vissl_swav_plugin.hooks.color_warmup import ColorWarmupHook, color_warmup_hooks
+from vissl_swav_plugin.config.validation import ConfigError
 
 MC = dict(num_crops=[2, 3], size_crops=[28, 16], crop_scales=[[0.3, 1.0], [0.1, 0.3]], color_strength=0.5)
 
@@ -92,7 +92,7 @@ def test_linear_schedule_ramps_from_the_warmup_strength_at_each_epochs_first_ite
     (dict(color_warmup_iters=10, color_warmup_strength=3.0), r"'color_warmup_strength' must be a colour-distortion"),
 ])
 def test_settings_that_cannot_act_or_are_wrong_name_the_key(kw, match):
-    from vissl_swav_plugin.multicrop import MultiCropConfigError
+    from vissl_swav_plugin.transforms.multicrop import MultiCropConfigError
 
     with pytest.raises(MultiCropConfigError, match=match):
         build(**kw)

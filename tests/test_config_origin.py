@@ -1,4 +1,4 @@
-"""Config precedence (vissl_swav_plugin/search_path.py): the user's working-directory
+"""Config precedence (vissl_swav_plugin/config/search_path.py): the user's working-directory
 configs win, then ours, then VISSL's; VISSL's originals stay reachable as ``vissl/<name>``;
 each config file Hydra loads is logged with its origin."""
 import logging
@@ -27,7 +27,7 @@ def user_config(root, name=NAME, body="  SEED_VALUE: 4242\n"):
 
 
 def test_working_directory_config_wins_and_is_logged(tmp_path, monkeypatch, caplog):
-    from vissl_swav_plugin.search_path import last_origins
+    from vissl_swav_plugin.config.search_path import last_origins
 
     path = user_config(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -39,7 +39,7 @@ def test_working_directory_config_wins_and_is_logged(tmp_path, monkeypatch, capl
 
 
 def test_ours_wins_over_vissl_without_a_user_config(tmp_path, monkeypatch):
-    from vissl_swav_plugin.search_path import configs_dir, last_origins
+    from vissl_swav_plugin.config.search_path import configs_dir, last_origins
 
     monkeypatch.chdir(tmp_path)  # no configs/ here
     cfg = hydra_compose([f"config={NAME}"])
@@ -49,7 +49,7 @@ def test_ours_wins_over_vissl_without_a_user_config(tmp_path, monkeypatch):
 
 
 def test_repository_root_as_working_directory_is_labelled_ours(monkeypatch):
-    from vissl_swav_plugin.search_path import last_origins
+    from vissl_swav_plugin.config.search_path import last_origins
 
     monkeypatch.chdir(REPO)
     hydra_compose([f"config={NAME}"])
@@ -62,7 +62,7 @@ def test_vissl_original_reachable_by_prefix(tmp_path, monkeypatch):
     import vissl as vissl_pkg
     from pathlib import Path
 
-    from vissl_swav_plugin.search_path import last_origins
+    from vissl_swav_plugin.config.search_path import last_origins
 
     user_config(tmp_path)  # even with a user config of the same name
     monkeypatch.chdir(tmp_path)

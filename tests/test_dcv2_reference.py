@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vissl_swav_plugin.clustering import spherical_kmeans
+from vissl_swav_plugin.utils.clustering import spherical_kmeans
 
 
 def planted(K=6, D=8, n=40, noise=0.6, seed=1):
@@ -133,7 +133,7 @@ class TinyNet(torch.nn.Module):
 def fill_first_bank(init_bank_forward):
     from vissl.config import AttrDict
 
-    from vissl_swav_plugin.deepcluster_v2 import DeepClusterV2PluginLoss
+    from vissl_swav_plugin.losses.deepcluster_v2 import DeepClusterV2PluginLoss
 
     loss = DeepClusterV2PluginLoss.from_config(AttrDict(dict(
         name="deepclusterv2_plugin_loss", num_train_samples=8, temperature=0.1, num_clusters=[3],
@@ -182,8 +182,8 @@ def test_sela_freezes_the_prototypes_during_the_first_epoch():
     hard labels of a whole-dataset bank; see sela_v2.DEFAULT_EPSILON)."""
     from vissl.config import AttrDict
 
-    from vissl_swav_plugin.memory_bank import MemoryClusteringHook
-    from vissl_swav_plugin.sela_v2 import SeLaV2PluginLoss
+    from vissl_swav_plugin.hooks.memory_bank_hooks import MemoryClusteringHook
+    from vissl_swav_plugin.losses.sela_v2 import SeLaV2PluginLoss
 
     loss = SeLaV2PluginLoss.from_config(AttrDict(dict(
         name="selav2_plugin_loss", num_train_samples=8, temperature=0.1, num_clusters=[3], embedding_dim=4,
@@ -220,9 +220,9 @@ def test_sela_freezes_the_prototypes_during_the_first_epoch():
 def test_bad_option_values_name_the_key_at_run_time(kind, key, value):
     from vissl.config import AttrDict
 
-    from vissl_swav_plugin.config_validation import ConfigError
-    from vissl_swav_plugin.deepcluster_v2 import DeepClusterV2PluginLoss
-    from vissl_swav_plugin.sela_v2 import SeLaV2PluginLoss
+    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.losses.deepcluster_v2 import DeepClusterV2PluginLoss
+    from vissl_swav_plugin.losses.sela_v2 import SeLaV2PluginLoss
 
     cls = DeepClusterV2PluginLoss if kind == "deepclusterv2" else SeLaV2PluginLoss
     cfg = dict(name=f"{kind}_plugin_loss", num_train_samples=8, temperature=0.1, num_clusters=[3],
@@ -238,9 +238,9 @@ def test_one_defaults_table_feeds_the_loss_and_its_validation(kind, monkeypatch)
     values (a broken default is reported by the validation, not only by ``__init__``)."""
     from vissl.config import AttrDict
 
-    from vissl_swav_plugin.config_validation import ConfigError
-    from vissl_swav_plugin.deepcluster_v2 import DeepClusterV2PluginLoss
-    from vissl_swav_plugin.sela_v2 import SeLaV2PluginLoss
+    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.losses.deepcluster_v2 import DeepClusterV2PluginLoss
+    from vissl_swav_plugin.losses.sela_v2 import SeLaV2PluginLoss
 
     cls = DeepClusterV2PluginLoss if kind == "deepclusterv2" else SeLaV2PluginLoss
     attrs = {"sinkhorn_epsilon": "epsilon"}

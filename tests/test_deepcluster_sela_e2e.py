@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import HANG_S, compose, run_launcher
-from vissl_swav_plugin.clustering import sela_assign, spherical_kmeans
-from vissl_swav_plugin.memory_store import IGNORE_INDEX
+from vissl_swav_plugin.utils.clustering import sela_assign, spherical_kmeans
+from vissl_swav_plugin.utils.memory_bank import IGNORE_INDEX
 
 DC_CFG, SL_CFG = "config=pretrain/deepcluster_v2/deepclusterv2_quick_cpu", "config=pretrain/sela_v2/selav2_quick_cpu"
 LD, LS = "config.LOSS.deepclusterv2_plugin_loss", "config.LOSS.selav2_plugin_loss"
@@ -49,7 +49,7 @@ LD, LS = "config.LOSS.deepclusterv2_plugin_loss", "config.LOSS.selav2_plugin_los
     (SL_CFG, "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[64,16]}]]", "MODEL.HEAD.PARAMS"),  # nothing to learn
 ])
 def test_bad_config_value_names_the_key(base, override, key):
-    from vissl_swav_plugin.config_validation import ConfigError
+    from vissl_swav_plugin.config.validation import ConfigError
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose([base, override])
@@ -74,8 +74,8 @@ def test_configs_infer_from_the_head():
 def make_loss(kind, **over):
     from vissl.config import AttrDict
 
-    from vissl_swav_plugin.deepcluster_v2 import DeepClusterV2PluginLoss
-    from vissl_swav_plugin.sela_v2 import SeLaV2PluginLoss
+    from vissl_swav_plugin.losses.deepcluster_v2 import DeepClusterV2PluginLoss
+    from vissl_swav_plugin.losses.sela_v2 import SeLaV2PluginLoss
 
     cfg = dict(name=f"{kind}_plugin_loss", num_train_samples=10, temperature=0.1, num_clusters=[3, 4],
                embedding_dim=5, crops_for_mb=[1], init_memory_pass=True)
@@ -137,7 +137,7 @@ def test_sela_soft_labels_loss():
 def test_runtime_checks_name_the_key():
     from vissl.config import AttrDict
 
-    from vissl_swav_plugin.config_validation import ConfigError
+    from vissl_swav_plugin.config.validation import ConfigError
 
     with pytest.raises(ConfigError, match="num_clusters"):
         make_loss("deepclusterv2", num_clusters=[11])  # more clusters than samples
@@ -162,8 +162,8 @@ def test_runtime_checks_name_the_key():
 
 @pytest.mark.parametrize("kind", ["deepclusterv2", "selav2"])
 def test_non_finite_scores_stop_with_dump(kind, tmp_path):
-    from vissl_swav_plugin.nonfinite import NonFiniteLossError
-    from vissl_swav_plugin.swav_loss import NonFiniteLossError as SwAVError
+    from vissl_swav_plugin.utils.nonfinite import NonFiniteLossError
+    from vissl_swav_plugin.losses.swav_loss import NonFiniteLossError as SwAVError
 
     assert NonFiniteLossError is SwAVError  # one error class for every loss
     loss = make_loss(kind, output_dir=str(tmp_path))
@@ -188,7 +188,7 @@ def test_non_finite_scores_stop_with_dump(kind, tmp_path):
 
 @pytest.mark.parametrize("kind", ["deepclusterv2", "selav2"])
 def test_non_finite_memory_bank_stops_the_clustering(kind, tmp_path):
-    from vissl_swav_plugin.nonfinite import NonFiniteLossError
+    from vissl_swav_plugin.utils.nonfinite import NonFiniteLossError
 
     loss = make_loss(kind, output_dir=str(tmp_path), num_clusters=[2])
     x = F.normalize(torch.randn(4, 5), dim=1)

@@ -238,7 +238,7 @@ def test_collapse_warnings_are_the_detectors_own_message():
     each with its indented lines, among VISSL's other log lines; a quiet log gives none."""
     import math
 
-    from vissl_swav_plugin import collapse_report
+    from vissl_swav_plugin.hooks import collapse_report
     from vissl_swav_plugin.demo.training import COLLAPSE_HEADLINE, collapse_warnings
 
     assert COLLAPSE_HEADLINE == collapse_report.COLLAPSE_HEADLINE

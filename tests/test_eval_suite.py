@@ -84,7 +84,7 @@ def _features_in_process(trunk_state, folder, indices):
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
     from vissl.config import AttrDict
-    from vissl_swav_plugin.trunks import ResNetSmallPlugin
+    from vissl_swav_plugin.models.trunks import ResNetSmallPlugin
 
     trunk = ResNetSmallPlugin(AttrDict({"TRUNK": {"NAME": "resnet_small_plugin",
                                                   "RESNET_SMALL_PLUGIN": {"DEPTH": 10, "WIDTH": 8}}}))
@@ -121,7 +121,7 @@ def test_fashion_mnist_benchmarks_build_the_demo_trunk(name, tmp_path):
     """Each Fashion-MNIST benchmark config defaults to the trunk that `make demo` trains
     (pretrain/swav/swav_fashion_mnist_cpu): the demo's checkpoint loads strictly into the
     model the benchmark builds, with no trunk override."""
-    from vissl_swav_plugin.trunks import resolve_params
+    from vissl_swav_plugin.models.trunks import resolve_params
 
     demo = compose(["config=pretrain/swav/swav_fashion_mnist_cpu", f"config.CHECKPOINT.DIR={tmp_path}"])
     bench = compose([f"config=benchmark/swav_plugin/{name}", f"config.CHECKPOINT.DIR={tmp_path}"])
@@ -273,7 +273,7 @@ def test_low_shot_svm_2proc_from_our_checkpoint(suite, tmp_path):
 # ------------------------------------------------------------------------------------------
 def _random_init_trunk():
     from vissl.config import AttrDict
-    from vissl_swav_plugin.trunks import ResNetSmallPlugin
+    from vissl_swav_plugin.models.trunks import ResNetSmallPlugin
 
     torch.manual_seed(123)
     return ResNetSmallPlugin(AttrDict({"TRUNK": {"NAME": "resnet_small_plugin",

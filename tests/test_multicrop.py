@@ -17,7 +17,7 @@ import vissl  # noqa: F401  (registers the plugin)
 from _helpers_multicrop import ramp_image, recover_box
 from classy_vision.dataset.transforms import build_transform
 from conftest import make_image_folder, run_launcher, STOCK_LAUNCHER
-from vissl_swav_plugin import multicrop as mc
+from vissl_swav_plugin.transforms import multicrop as mc
 
 PLAIN = dict(flip_p=0.0, color_strength=0.0, grayscale_p=0.0, blur_p=0.0, mean=[0, 0, 0], std=[1, 1, 1])
 

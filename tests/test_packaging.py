@@ -28,7 +28,7 @@ def test_repo_dirs_vissl_owns_are_not_packages():
 
 def test_wheel_configs_found_by_search_path(tmp_path, monkeypatch):
     """search_path.configs_dir() prefers a packaged _configs copy over the repository."""
-    import vissl_swav_plugin.search_path as sp
+    import vissl_swav_plugin.config.search_path as sp
 
     assert sp.configs_dir() == REPO / "configs"  # editable install: the repository's
 

@@ -57,7 +57,7 @@ def expected_stats(net, batches, crops_used):
 
 
 def test_statistics_are_the_average_over_global_crops_only():
-    from vissl_swav_plugin.precise_bn import recompute_bn_stats
+    from vissl_swav_plugin.hooks.precise_bn import recompute_bn_stats
 
     net = tiny_trunk()
     net.eval()
@@ -75,7 +75,7 @@ def test_statistics_are_the_average_over_global_crops_only():
 
 
 def test_no_batches_leaves_the_statistics_alone():
-    from vissl_swav_plugin.precise_bn import recompute_bn_stats
+    from vissl_swav_plugin.hooks.precise_bn import recompute_bn_stats
 
     net = tiny_trunk()
     before = {k: v.clone() for k, v in net.state_dict().items()}
@@ -96,7 +96,7 @@ def _task(phase, phases, batches):
 
 
 def test_hook_acts_at_the_end_of_the_last_training_phase_and_only_on_the_trunk():
-    from vissl_swav_plugin.precise_bn import PreciseBatchNormHook
+    from vissl_swav_plugin.hooks.precise_bn import PreciseBatchNormHook
 
     batches = multicrop_batches(4)
     for phase, every, acts in ((0, False, False), (1, False, True), (0, True, True)):
@@ -112,9 +112,9 @@ def test_hook_acts_at_the_end_of_the_last_training_phase_and_only_on_the_trunk()
 
 
 def test_config_block_unknown_keys_and_default_off():
-    from vissl_swav_plugin.config_validation import ConfigError
-    from vissl_swav_plugin.hooks import hooks_for_config
-    from vissl_swav_plugin.precise_bn import PreciseBatchNormHook
+    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.hooks.registry import hooks_for_config
+    from vissl_swav_plugin.hooks.precise_bn import PreciseBatchNormHook
 
     def ours(overrides):
         return [h for h in hooks_for_config(compose(["config=test/swav_plugin/quick_cpu", *overrides]))
@@ -130,7 +130,7 @@ def test_config_block_unknown_keys_and_default_off():
 
 
 def _rank_stats(rank):
-    from vissl_swav_plugin.precise_bn import recompute_bn_stats
+    from vissl_swav_plugin.hooks.precise_bn import recompute_bn_stats
 
     net = tiny_trunk()
     batches = multicrop_batches(2, seed=10 + rank)
@@ -174,7 +174,7 @@ def test_statistics_are_fp32_under_amp(mode):
     re-estimated statistics are those of the fp32 computation: the hook turns autocast off."""
     from _autocast import AMP_MODES
 
-    from vissl_swav_plugin.precise_bn import recompute_bn_stats
+    from vissl_swav_plugin.hooks.precise_bn import recompute_bn_stats
 
     batches = multicrop_batches(3)
     ref, net = tiny_trunk(), tiny_trunk()

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from _autocast import AMP_MODES, cuda_like_autocast, dead_prototype_scores, swav_loss_config
-from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
-from vissl_swav_plugin.swav_loss import SwAVPluginLoss
+from vissl_swav_plugin.utils.sinkhorn import sinkhorn_knopp
+from vissl_swav_plugin.losses.swav_loss import SwAVPluginLoss
 
 
 def test_emulation_casts_mv_like_cuda():

@@ -41,7 +41,7 @@ MIN_GAIN_KNN20 = 2.0
 
 def test_weighted_knn_matches_sklearn():
     from sklearn.neighbors import KNeighborsClassifier
-    from vissl_swav_plugin.knn import weighted_knn_predict
+    from vissl_swav_plugin.utils.knn import weighted_knn_predict
 
     rng = np.random.default_rng(0)
     centers = rng.normal(size=(5, 16))
@@ -59,7 +59,7 @@ def test_weighted_knn_matches_sklearn():
 
 def test_euclidean_knn_matches_sklearn():
     from sklearn.neighbors import KNeighborsClassifier
-    from vissl_swav_plugin.knn import euclidean_knn_accuracy, euclidean_knn_predict
+    from vissl_swav_plugin.utils.knn import euclidean_knn_accuracy, euclidean_knn_predict
 
     rng = np.random.default_rng(1)
     xtr = rng.random((500, 30)).astype(np.float32)
@@ -74,7 +74,7 @@ def test_euclidean_knn_matches_sklearn():
 
 
 def test_knn_bad_input_names_the_problem():
-    from vissl_swav_plugin.knn import weighted_knn_accuracy
+    from vissl_swav_plugin.utils.knn import weighted_knn_accuracy
 
     x = torch.zeros(4, 3)
     with pytest.raises(ValueError, match="k=5"):

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from conftest import REPO
-from vissl_swav_plugin.collapse_report import epoch_line
+from vissl_swav_plugin.hooks.collapse_report import epoch_line
 
 
 def _module():

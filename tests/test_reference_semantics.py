@@ -9,10 +9,10 @@ import torch.nn.functional as F
 
 from _autocast import swav_loss_config
 from conftest import compose, folder_data_overrides, make_image_folder, run_launcher
-from vissl_swav_plugin.heads import SwAVPluginHead, find_prototype_layers
-from vissl_swav_plugin.hooks import NormalizePrototypesHook, swav_hooks
-from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
-from vissl_swav_plugin.swav_loss import SwAVPluginLoss
+from vissl_swav_plugin.models.heads import SwAVPluginHead, find_prototype_layers
+from vissl_swav_plugin.hooks.swav_hooks import NormalizePrototypesHook, swav_hooks
+from vissl_swav_plugin.utils.sinkhorn import sinkhorn_knopp
+from vissl_swav_plugin.losses.swav_loss import SwAVPluginLoss
 
 B, D, K, V = 8, 16, 12, 4
 

@@ -1,6 +1,6 @@
 """Run-wide monitors (issue 13, items 5-7) on a real 2-process run through VISSL's stock
-launcher: the progress line (vissl_swav_plugin.progress), TensorBoard (VISSL's
-SSLTensorboardHook with our configs) and the online kNN (vissl_swav_plugin.online_knn).
+launcher: the progress line (vissl_swav_plugin.hooks.progress), TensorBoard (VISSL's
+SSLTensorboardHook with our configs) and the online kNN (vissl_swav_plugin.hooks.online_knn).
 
 One quick run (config test/swav_plugin/quick_cpu: 2 epochs x 2 iterations, 2 gloo
 processes) serves the three; truths: VISSL's own loss log (stdout.json), the saved
@@ -57,7 +57,7 @@ def test_progress_line_every_n_iterations_and_at_epoch_end_rank0_only(run):
 
 def test_progress_line_is_not_parsed_as_a_vissl_line_by_the_demo():
     from vissl_swav_plugin.demo.training import parse_log_line
-    from vissl_swav_plugin.progress import progress_line
+    from vissl_swav_plugin.hooks.progress import progress_line
 
     line = "INFO 2026 progress.py: 1: " + progress_line(0, 12, 5, 468, 8.25, [0.3, 0.3], 2.0)
     assert PROGRESS.search(line) and parse_log_line(line) is None
@@ -65,8 +65,8 @@ def test_progress_line_is_not_parsed_as_a_vissl_line_by_the_demo():
 
 
 def test_progress_config_defaults_validation_and_switch(tmp_path):
-    from vissl_swav_plugin.config_validation import ConfigError
-    from vissl_swav_plugin.progress import ProgressHook, progress_config, progress_hooks
+    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.hooks.progress import ProgressHook, progress_config, progress_hooks
 
     cfg = compose(["config=test/swav_plugin/quick_cpu", f"config.CHECKPOINT.DIR={tmp_path}"])
     assert progress_config(cfg) == {"ENABLED": True, "FREQUENCY": 1}
@@ -154,8 +154,8 @@ def test_online_knn_logs_each_epoch_equal_to_offline_knn_of_the_checkpoint(run, 
 
 
 def test_online_knn_config_validation(tmp_path):
-    from vissl_swav_plugin.config_validation import ConfigError
-    from vissl_swav_plugin.online_knn import DEFAULTS, online_knn_config, online_knn_hooks
+    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.hooks.online_knn import DEFAULTS, online_knn_config, online_knn_hooks
 
     base = ["config=test/swav_plugin/quick_cpu", f"config.CHECKPOINT.DIR={tmp_path}"]
     cfg = compose(base)

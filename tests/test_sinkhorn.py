@@ -6,7 +6,7 @@ import torch
 
 from _reference import paper_sinkhorn
 from conftest import run_gloo_workers
-from vissl_swav_plugin.sinkhorn import sinkhorn_knopp
+from vissl_swav_plugin.utils.sinkhorn import sinkhorn_knopp
 
 
 def cosine_scores(B, K, D=16, seed=0, dtype=torch.float64):
@@ -114,7 +114,7 @@ def test_codes_finite_for_every_epsilon(dtype, B, K, D):
     """Property sweep: scores in [-1, 1] (unit vectors; D=2/3 spread them over the whole
     range), every epsilon from 0.3 down to the smallest double: finite codes, rows
     summing to 1, equal to the exact iterates (float64 log domain) on the same scores."""
-    from vissl_swav_plugin.sinkhorn import _log_domain_iterates
+    from vissl_swav_plugin.utils.sinkhorn import _log_domain_iterates
 
     s = cosine_scores(B, K, D=D, seed=B).to(dtype)
     for eps in EPSILONS:
@@ -130,7 +130,7 @@ def test_codes_finite_for_every_epsilon(dtype, B, K, D):
 
 def test_log_domain_equals_scaling_form_in_range():
     """Where both apply, the fallback computes the paper's iterates too."""
-    from vissl_swav_plugin.sinkhorn import _log_domain_iterates
+    from vissl_swav_plugin.utils.sinkhorn import _log_domain_iterates
 
     s = cosine_scores(64, 30)
     assert torch.allclose(_log_domain_iterates(s, 0.05, 3, False, None, 64), paper_sinkhorn(s.clone(), 0.05, 3),

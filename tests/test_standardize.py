@@ -18,8 +18,8 @@ from PIL import Image
 import vissl  # noqa: F401  (registers the plugin)
 from classy_vision.dataset.transforms import build_transform
 from conftest import compose, folder_data_overrides, make_image_folder
-from vissl_swav_plugin.config_validation import ConfigError
-from vissl_swav_plugin.standardize import PerImageStandardize, standardize_
+from vissl_swav_plugin.config.validation import ConfigError
+from vissl_swav_plugin.transforms.standardize import PerImageStandardize, standardize_
 
 MC = dict(num_crops=[2, 3], size_crops=[28, 16], crop_scales=[[0.3, 1.0], [0.1, 0.3]], blur_p=0.5)
 
@@ -131,7 +131,7 @@ def test_per_image_output_ignores_the_images_brightness_and_contrast():
     (dict(normalize="per_image", to_tensor=False), "'normalize' per_image .* needs to_tensor: true"),
 ])
 def test_settings_that_cannot_act_are_errors_naming_the_key(kw, key):
-    from vissl_swav_plugin.multicrop import MultiCropConfigError
+    from vissl_swav_plugin.transforms.multicrop import MultiCropConfigError
 
     with pytest.raises(MultiCropConfigError, match=key):
         build_transform({"name": "multicrop_plugin", **MC, **kw})
@@ -206,7 +206,7 @@ def test_named_normalize_keys_skip_a_per_image_multicrop():
 
 
 def test_online_knn_min_std():
-    from vissl_swav_plugin.online_knn import online_knn_config
+    from vissl_swav_plugin.hooks.online_knn import online_knn_config
 
     base = ["config=test/swav_plugin/quick_cpu"]
     c = online_knn_config(compose(base + ["+config.HOOKS.ONLINE_KNN={MIN_STD:0.1}"]))
@@ -218,7 +218,7 @@ def test_online_knn_min_std():
 
 
 def test_online_knn_eval_images_are_standardised(tmp_path):
-    from vissl_swav_plugin.online_knn import DEFAULTS, image_folder
+    from vissl_swav_plugin.hooks.online_knn import DEFAULTS, image_folder
 
     folder = make_image_folder(tmp_path / "imgs", classes=2, per_class=1, size=28)
     ds = image_folder(str(folder), dict(DEFAULTS, RESIZE=28, CROP_SIZE=28, MIN_STD=0.1))

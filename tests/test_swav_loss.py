@@ -6,7 +6,7 @@ from vissl.config import AttrDict
 from vissl.losses.swav_loss import SwAVLoss as VisslSwAVLoss
 
 from _reference import paper_sinkhorn, reference_swav_loss
-from vissl_swav_plugin.swav_loss import SwAVPluginLoss
+from vissl_swav_plugin.losses.swav_loss import SwAVPluginLoss
 
 
 def plugin_cfg(num_crops, K, D, local_queue=0, crops_for_assign=(0, 1), double=True, **kw):
@@ -131,7 +131,7 @@ def test_fp32_and_bf16_scores_train_finite():
 
 
 def test_non_finite_scores_stop_with_dump(tmp_path):
-    from vissl_swav_plugin.swav_loss import NonFiniteLossError
+    from vissl_swav_plugin.losses.swav_loss import NonFiniteLossError
 
     ncrops, bs, D, K = 2, 4, 6, 5
     emb, _, (scores,) = make_output(ncrops, bs, D, [K], seed=6)

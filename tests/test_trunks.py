@@ -12,7 +12,7 @@ from conftest import compose
 from vissl.config import AttrDict
 from vissl.models import build_model
 from vissl.models.trunks import MODEL_TRUNKS_REGISTRY, get_model_trunk
-from vissl_swav_plugin.trunks import ResNetSmallPlugin, TrunkConfigError
+from vissl_swav_plugin.models.trunks import ResNetSmallPlugin, TrunkConfigError
 
 
 def model_cfg(**params):

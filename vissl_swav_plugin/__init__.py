@@ -13,27 +13,29 @@ __version__ = "0.1.0"
 
 # Modules whose import registers components (losses, heads, hooks, transforms, ...).
 # ``compat`` comes first: its ``apply_all`` imports every patch module (compat/*.py,
-# config_validation, hooks; see ``compat.PATCH_MODULES``) and applies their patches.
+# config.validation, hooks.registry; see ``compat.PATCH_MODULES``) and applies their patches.
 COMPONENT_MODULES = [
     "vissl_swav_plugin.compat",
-    "vissl_swav_plugin.config_validation",
-    "vissl_swav_plugin.dataset_stats",
-    "vissl_swav_plugin.swav_config",
-    "vissl_swav_plugin.swav_loss",
-    "vissl_swav_plugin.heads",
-    "vissl_swav_plugin.hooks",
-    "vissl_swav_plugin.search_path",
-    "vissl_swav_plugin.deepcluster_v2",
-    "vissl_swav_plugin.sela_v2",
-    "vissl_swav_plugin.standardize",
-    "vissl_swav_plugin.multicrop",
-    "vissl_swav_plugin.color_warmup",
-    "vissl_swav_plugin.trunks",
-    "vissl_swav_plugin.progress",
-    "vissl_swav_plugin.online_knn",
-    "vissl_swav_plugin.collapse",
-    "vissl_swav_plugin.precise_bn",
-    "vissl_swav_plugin.config_checks",
+    "vissl_swav_plugin.config.validation",
+    "vissl_swav_plugin.config.dataset_stats",
+    "vissl_swav_plugin.losses.swav_config",
+    "vissl_swav_plugin.losses.swav_loss",
+    "vissl_swav_plugin.models.heads",
+    "vissl_swav_plugin.hooks.registry",
+    "vissl_swav_plugin.hooks.swav_hooks",
+    "vissl_swav_plugin.config.search_path",
+    "vissl_swav_plugin.losses.deepcluster_v2",
+    "vissl_swav_plugin.losses.sela_v2",
+    "vissl_swav_plugin.hooks.memory_bank_hooks",
+    "vissl_swav_plugin.transforms.standardize",
+    "vissl_swav_plugin.transforms.multicrop",
+    "vissl_swav_plugin.hooks.color_warmup",
+    "vissl_swav_plugin.models.trunks",
+    "vissl_swav_plugin.hooks.progress",
+    "vissl_swav_plugin.hooks.online_knn",
+    "vissl_swav_plugin.hooks.collapse",
+    "vissl_swav_plugin.hooks.precise_bn",
+    "vissl_swav_plugin.checks.run_wide",
 ]
 
 _lock = threading.RLock()

@@ -11,7 +11,7 @@ notebook -- the hook lets VISSL's own loader run and then calls
 and Hydra config search path exist before VISSL looks anything up.
 
 Import order: when the first ``import vissl`` happens *inside* the import of one of our
-own modules (``import vissl_swav_plugin.heads`` in a fresh interpreter imports
+own modules (``import vissl_swav_plugin.models.heads`` in a fresh interpreter imports
 ``vissl.models.heads``), registering at once would import our other modules while that
 one is only half initialised (a circular ImportError).  Registration is then deferred
 until our outermost module has finished executing (the hook also watches our own

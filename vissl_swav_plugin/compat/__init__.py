@@ -46,10 +46,10 @@ Patches (in the order they are applied), by module:
 :mod:`.signals`
     ``shim_launcher_signals`` -- Ctrl-C / SIGTERM of a launcher exits 130 / 143 after
     stopping every process of the run; no process outlives the launcher.
-:mod:`vissl_swav_plugin.config_validation`
+:mod:`vissl_swav_plugin.config.validation`
     ``plugin_config_inference`` -- VISSL's ``infer_losses_config`` also runs the inference
     and validation of the plugin's losses.
-:mod:`vissl_swav_plugin.hooks`
+:mod:`vissl_swav_plugin.hooks.registry`
     ``plugin_loss_hooks`` -- VISSL's ``add_loss_hooks`` also adds the plugin's loss hooks.
 
 Checked and found working on this stack (no patch): Hydra 1.3 composition of VISSL's

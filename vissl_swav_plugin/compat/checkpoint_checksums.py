@@ -20,7 +20,7 @@ the run silently continues from garbage weights.  Now
   from a corrupt newest checkpoint to the newest intact one, with a warning naming the
   skipped file, which is kept as ``<file>.corrupt`` (with its checksum) so that the
   resumed run does not overwrite it; with no intact checkpoint left it raises
-  :class:`~.checkpoint_io.CheckpointError` instead of starting over.
+  :class:`~.checkpoint_files.CheckpointError` instead of starting over.
 
 A checkpoint without a checksum (written by VISSL's own writer, an older plugin, or
 copied without it) loads as before, with an info line.  Non-local folders (``scheme://``)
@@ -31,7 +31,7 @@ import hashlib
 import logging
 import os
 
-from vissl_swav_plugin.compat.checkpoint_io import CheckpointError, _fsync_dir, _temporary_name_in
+from vissl_swav_plugin.compat.checkpoint_files import CheckpointError, _fsync_dir, _temporary_name_in
 from vissl_swav_plugin.compat.engine import original, patch, register, skip_requested
 
 NAME = "shim_checkpoint_checksums"

@@ -60,8 +60,8 @@ PATCH_MODULES = [
     "vissl_swav_plugin.compat.checkpoint_checksums",
     "vissl_swav_plugin.compat.data_safety",
     "vissl_swav_plugin.compat.signals",
-    "vissl_swav_plugin.config_validation",
-    "vissl_swav_plugin.hooks",
+    "vissl_swav_plugin.config.validation",
+    "vissl_swav_plugin.hooks.registry",
 ]
 
 _lock = threading.RLock()

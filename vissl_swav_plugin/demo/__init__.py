@@ -15,7 +15,7 @@ The pipeline (:func:`vissl_swav_plugin.demo.cli.main`, run by ``tools/demo.py``)
                ``res5avg`` features of the training subset (the kNN memory bank) and of the
                test images are extracted; the same is done for randomly initialised models
                (same config); kNN top-1 (weighted cosine 20-NN / 200-NN as in Wu et al. 2018
-               and VISSL, plain Euclidean 5-NN, :mod:`vissl_swav_plugin.knn`) for SwAV
+               and VISSL, plain Euclidean 5-NN, :mod:`vissl_swav_plugin.utils.knn`) for SwAV
                features, random-init features and raw pixels, on the same images;
 4. report     (:mod:`.report`) -- OUT/swav_demo_report.png (loss curve, kNN bar chart,
                images of the most-used prototypes) and OUT/swav_demo_report.json (every

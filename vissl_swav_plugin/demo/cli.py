@@ -163,7 +163,7 @@ def parse_args(argv=None):
                 ap.error("--temperature must be > 0")
             continue
         if key == "color_strength":
-            from ..multicrop_config import MAX_COLOR_STRENGTH  # here: it imports torch (the demo's cli stays light)
+            from vissl_swav_plugin.transforms.multicrop_config import MAX_COLOR_STRENGTH  # here: it imports torch (the demo's cli stays light)
 
             if not 0 <= value <= MAX_COLOR_STRENGTH:
                 ap.error(f"--color-strength must be in [0, {MAX_COLOR_STRENGTH}]")

@@ -3,7 +3,7 @@
 The final checkpoint is loaded (strictly) into the VISSL model built from the training's
 own config; the trunk's ``res5avg`` features of the training subset (the memory bank)
 and of the test images are classified with the kNN protocols of
-:func:`vissl_swav_plugin.knn.knn_report` (weighted cosine 20-NN / 200-NN of Wu et al.
+:func:`vissl_swav_plugin.utils.knn.knn_report` (weighted cosine 20-NN / 200-NN of Wu et al.
 2018, plain Euclidean 5-NN).  The baselines, on the same images: the same network at
 ``random_inits`` random initialisations (the first being the training's own starting
 point) and the raw pixels.
@@ -56,8 +56,8 @@ def transform_stats(config):
     ``{"mean": [r, g, b], "std": [r, g, b], "min_std": None}`` (``normalize: dataset``; its
     defaults: ImageNet's), ``{"mean": None, "std": None, "min_std": m}`` (``normalize:
     per_image``), or the identity ``([0, 0, 0], [1, 1, 1])`` without such a transform."""
-    from vissl_swav_plugin.multicrop import MultiCropPlugin
-    from vissl_swav_plugin.multicrop_config import check_config_keys
+    from vissl_swav_plugin.transforms.multicrop import MultiCropPlugin
+    from vissl_swav_plugin.transforms.multicrop_config import check_config_keys
 
     for t in config.DATA.TRAIN.TRANSFORMS:
         if t["name"] == "multicrop_plugin":
@@ -71,7 +71,7 @@ def to_input(images_u8, norm):
     pipeline does to a full image (PNG -> RGB -> tensor -> normalise), without cropping;
     ``norm`` is :func:`transform_stats`'s dict."""
     import torch
-    from vissl_swav_plugin.standardize import standardize_
+    from vissl_swav_plugin.transforms.standardize import standardize_
 
     x = torch.from_numpy(images_u8).float().div_(255.0)[:, None].expand(-1, 3, -1, -1)
     if norm["min_std"] is not None:
@@ -152,7 +152,7 @@ class _FeatureKnn:
 
     def __call__(self, name, model):
         """``(knn results, test prototype scores)`` of ``model``, logged under ``name``."""
-        from vissl_swav_plugin.knn import format_metrics, knn_report
+        from vissl_swav_plugin.utils.knn import format_metrics, knn_report
 
         t = time.time()
         ftr, _ = extract(model, self.data["train_x"], self.norm)
@@ -169,7 +169,7 @@ def raw_pixel_knn(data, timings, log=print):
     """kNN of the raw pixels (values in [0, 1], 784-d) on the demo's images."""
     import numpy as np
     import torch
-    from vissl_swav_plugin.knn import format_metrics, knn_report
+    from vissl_swav_plugin.utils.knn import format_metrics, knn_report
 
     t = time.time()
     ytr, yte = data["train_y"].astype(np.int64), data["test_y"].astype(np.int64)
@@ -203,7 +203,7 @@ def evaluate(overrides, ckpt_path, data, seed, random_inits=5, log=print):
         and the first random init; ``timings`` are seconds per model.
     """
     import torch
-    from vissl_swav_plugin.knn import mean_over_inits
+    from vissl_swav_plugin.utils.knn import mean_over_inits
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     config, trained = build_vissl_model(overrides, seed)

@@ -144,7 +144,7 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
             strength s of every ``multicrop_plugin`` entry; 0 turns the colour jitter off; None,
             both modes' default, keeps the config's), ``color_warmup_iters`` (the colour-distortion
             warm-up of every ``multicrop_plugin`` entry; 0: none) and ``normalize`` (``dataset`` /
-            ``per_image`` for every ``multicrop_plugin`` entry, :mod:`vissl_swav_plugin.standardize`;
+            ``per_image`` for every ``multicrop_plugin`` entry, :mod:`vissl_swav_plugin.transforms.standardize`;
             None keeps the config's).
         data_folder: the ImageFolder to train on (DATA_PATHS and LABEL_PATHS).
         ckpt_dir: VISSL's CHECKPOINT.DIR.

@@ -7,7 +7,7 @@ reports 20-NN *and* 200-NN; this tool runs VISSL's ``extract_features`` engine o
 launcher call as VISSL's tool, 1 or N processes) and then calls VISSL's
 ``nearest_neighbor_test`` function (weighted vote ``exp(sim / SIGMA)`` over the top-k
 training features) for each k.  Nothing of the kNN is re-implemented here (the baseline
-table below uses the plugin's :mod:`vissl_swav_plugin.knn`, the demo's kNN).
+table below uses the plugin's :mod:`vissl_swav_plugin.utils.knn`, the demo's kNN).
 
 usage: swav-plugin-knn [--topk 20,200] [--output-json PATH]
            [--random-init] [--random-inits N] [--raw-pixels] [--temperature T]
@@ -26,7 +26,7 @@ options:
                      DATA.TRAIN / DATA.TEST transforms without Normalize (values in [0, 1],
                      C x H x W floats per image, so meant for small images / data sets)
   --temperature T    T of the baseline table's weighted vote exp(cos / T)
-                     (default 0.07, the demo's: vissl_swav_plugin.knn.DEFAULT_TEMPERATURE)
+                     (default 0.07, the demo's: vissl_swav_plugin.utils.knn.DEFAULT_TEMPERATURE)
 
 e.g. ``python tools/knn_eval.py --topk 20,200 config=benchmark/swav_plugin/knn_fashion_mnist_cpu
 config.MODEL.WEIGHTS_INIT.PARAMS_FILE=ckpt/model_final_checkpoint_phase9.torch
@@ -39,7 +39,7 @@ VISSL's tool logs them and written to ``CHECKPOINT.DIR/knn_results.json``::
 
 Baselines (--random-init / --raw-pixels): the trained network, each random initialisation
 and the raw pixels are classified with the *same* kNN as the demo's
-(:func:`vissl_swav_plugin.knn.knn_report`: weighted cosine kNN for each --topk at
+(:func:`vissl_swav_plugin.utils.knn.knn_report`: weighted cosine kNN for each --topk at
 temperature T, plain Euclidean 5-NN), so that the three are comparable; one line each is
 logged and the JSON gets::
 
@@ -90,7 +90,7 @@ def split_args(argv):
         ``dict(topk, out_json, random_inits, raw_pixels, temperature, overrides)``;
         ``random_inits`` is 0 without ``--random-init`` / ``--random-inits``.
     """
-    from vissl_swav_plugin.knn import DEFAULT_TEMPERATURE
+    from vissl_swav_plugin.utils.knn import DEFAULT_TEMPERATURE
 
     opts = dict(topk=None, out_json=None, random_inits=0, raw_pixels=False, temperature=DEFAULT_TEMPERATURE,
                 overrides=[])
@@ -147,7 +147,7 @@ def _extract(config, node_id):
 def _feature_knn(folder, layer, topk, temperature):
     """:func:`knn_report` of the train / test features VISSL extracted into ``folder``."""
     from vissl.utils.misc import merge_features
-    from vissl_swav_plugin.knn import knn_report
+    from vissl_swav_plugin.utils.knn import knn_report
 
     train, test = merge_features(folder, "train", layer), merge_features(folder, "test", layer)
     r = knn_report(train["features"], train["targets"].reshape(-1), test["features"], test["targets"].reshape(-1),
@@ -157,7 +157,7 @@ def _feature_knn(folder, layer, topk, temperature):
 
 
 def _log_row(name, r):
-    from vissl_swav_plugin.knn import format_metrics
+    from vissl_swav_plugin.utils.knn import format_metrics
 
     logging.info(f"baseline table: {name:24s} ({r['feature_dim']}-d): {format_metrics(r)}")
 
@@ -169,7 +169,7 @@ def random_init_baseline(config, node_id, layers, topk, temperature, count):
     import copy
 
     from vissl.utils.checkpoint import get_checkpoint_folder
-    from vissl_swav_plugin.knn import mean_over_inits
+    from vissl_swav_plugin.utils.knn import mean_over_inits
 
     per_init = {layer: [] for layer in layers}
     base_dir = get_checkpoint_folder(config)
@@ -207,7 +207,7 @@ def raw_pixels(config, split):
 
 def raw_pixel_baseline(config, topk, temperature):
     """:func:`knn_report` of the raw pixels (see :func:`raw_pixels`) of train and test."""
-    from vissl_swav_plugin.knn import knn_report
+    from vissl_swav_plugin.utils.knn import knn_report
 
     (xtr, ytr), (xte, yte) = raw_pixels(config, "TRAIN"), raw_pixels(config, "TEST")
     r = knn_report(xtr, ytr, xte, yte, weighted_ks=topk, temperature=temperature)

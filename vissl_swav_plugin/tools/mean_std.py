@@ -8,7 +8,7 @@ With ``N`` pixels per channel and values ``x`` in [0, 1]::
     mean = sum(x) / N        std = sqrt(sum(x^2) / N - mean^2)     (population std)
 
 The result is written as a config file of the group ``config/dataset_stats``
-(:mod:`vissl_swav_plugin.dataset_stats`), by default in the working directory's
+(:mod:`vissl_swav_plugin.config.dataset_stats`), by default in the working directory's
 ``configs/``, which VISSL's Hydra search path reads first::
 
     swav-plugin-mean-std data/mine/train --name mine        # -> configs/config/dataset_stats/mine.yaml

@@ -1,0 +1,214 @@
+"""Run-wide config checks, made when a launcher composes the config.
+
+Each check below is registered with
+:func:`~vissl_swav_plugin.config.validation.register_config_check`, so it runs in the
+launching process right after the losses' inference, before any worker starts.  A wrong
+setting raises :class:`~vissl_swav_plugin.config.validation.ConfigError` naming the key
+and the values involved; a setting that can never act is logged with ``logging.warning``.
+
+* heads: unknown keys of the entries of ``MODEL.HEAD.PARAMS`` built by this plugin, and
+  of VISSL's ``swav_head`` under one of our losses (the known keys are the head
+  constructor's parameters); the first head's ``dims[0]`` must equal the trunk's output
+  dimension (:func:`trunk_output_dim`);
+* ``multicrop_plugin`` transforms: unknown keys and every parameter, as the workers
+  would check them ~15 s later;
+* ``DATA.TRAIN.BATCHSIZE_PER_REPLICA`` >= 1, and at least one iteration per epoch when the
+  dataset size is known here (:func:`train_dataset_size`);
+* settings that never act: a SwAV queue from ``queue.start_epoch >= num_epochs``,
+  ``freeze_prototypes_niters >=`` the run's iterations (warnings).  DeepCluster-v2 /
+  SeLa-v2 with more clusters than training samples is an error of those losses' config
+  inference (:func:`~vissl_swav_plugin.losses.clustering_config.check_clusters_fit_dataset`).
+
+The dataset-size arithmetic is :mod:`vissl_swav_plugin.config.dataset_size`.
+"""
+import inspect
+import logging
+from typing import Optional
+
+from vissl_swav_plugin.config.validation import (
+    ConfigError,
+    check_known_keys,
+    register_config_check,
+    world_size_of,
+)
+from vissl_swav_plugin.config.dataset_size import iterations_per_epoch, samples_per_process, train_dataset_size
+
+#: VISSL's ResNe(X)t output (``flatten`` / ``res5avg``) per unit of WIDTH_MULTIPLIER
+RESNET_OUT_DIM = 2048
+RESNET_DEPTHS = (50, 101, 152, 200)
+#: heads whose ``dims[0]`` is the size of the trunk features they take
+DIMS_FIRST_HEADS = ("swav_plugin_head", "deepclusterv2_plugin_head", "swav_head", "mlp")
+
+
+def _is_ours(cls) -> bool:
+    """Whether a registered class comes from this plugin."""
+    return getattr(cls, "__module__", "").startswith("vissl_swav_plugin.")
+
+
+def constructor_keys(cls):
+    """The keyword parameters of ``cls(model_config, ...)`` (VISSL passes a head's
+    ``MODEL.HEAD.PARAMS`` entry as keywords after ``model_config``), or None when any key
+    is accepted.  An ``__init__`` that takes ``**kwargs`` is followed to the base class's
+    ``__init__`` in the MRO (a subclass passing its extra keywords up, such as
+    ``deepclusterv2_plugin_head``); reaching ``nn.Module`` / ``object`` that way gives None.
+
+    Example::
+
+        constructor_keys(SwAVPluginHead)  # {"dims", "num_clusters", "use_bn", ...}
+        constructor_keys(DeepClusterV2PluginHead)  # the same set
+    """
+    import torch.nn as nn
+
+    keys = set()
+    seen = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or init in seen:
+            continue
+        if klass in (nn.Module, object):
+            return None  # **kwargs reach a constructor that is not a head's: not checkable
+        seen.add(init)
+        params = list(inspect.signature(init).parameters.values())[2:]  # self, model_config
+        keys |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return keys
+    return None
+
+
+@register_config_check
+def check_head_keys(cfg) -> None:
+    """Unknown keys of every ``MODEL.HEAD.PARAMS`` entry built by this plugin, and of
+    VISSL's heads when the loss is one of ours (a typo such as ``normalise_feats`` would
+    otherwise reach the head's constructor in every worker, or be ignored)."""
+    from classy_vision.losses import LOSS_REGISTRY
+    from vissl.models.heads import MODEL_HEADS_REGISTRY
+
+    our_loss = _is_ours(LOSS_REGISTRY.get(cfg.LOSS.name))
+    for i, entry in enumerate(cfg.MODEL.HEAD.PARAMS or []):
+        if not isinstance(entry, (list, tuple)) or len(entry) < 2 or not hasattr(entry[1], "keys"):
+            continue
+        cls = MODEL_HEADS_REGISTRY.get(entry[0])
+        if cls is None or not (_is_ours(cls) or our_loss):
+            continue
+        known = constructor_keys(cls)
+        if known is not None:
+            check_known_keys(entry[1], known, f"config.MODEL.HEAD.PARAMS[{i}] ({entry[0]})")
+
+
+def trunk_output_dim(model_cfg) -> Optional[int]:
+    """The trunk's output dimension (its ``flatten`` feature, what the first head takes),
+    or None when unknown: ``2048 * WIDTH_MULTIPLIER`` for VISSL's ``resnet`` (depth 50, 101,
+    152, 200: bottleneck blocks), ``8 * WIDTH`` for ``resnet_small_plugin``."""
+    trunk = model_cfg.TRUNK
+    if trunk.NAME == "resnet":
+        res = trunk.get("RESNETS") or {}
+        if res.get("DEPTH") in RESNET_DEPTHS and isinstance(res.get("WIDTH_MULTIPLIER", 1), int):
+            return RESNET_OUT_DIM * int(res.get("WIDTH_MULTIPLIER", 1))
+        return None
+    from vissl_swav_plugin.models import trunks
+
+    if trunk.NAME == trunks.TRUNK_NAME:
+        return trunks.output_dim(model_cfg)  # also rejects a bad RESNET_SMALL_PLUGIN block
+    return None
+
+
+@register_config_check
+def check_head_input_dim(cfg) -> None:
+    """The first head's ``dims[0]`` must be the trunk's output dimension (else: a bare
+    shape error at the first forward, in every worker)."""
+    model = cfg.MODEL
+    out = trunk_output_dim(model)
+    heads = model.HEAD.PARAMS or []
+    if out is None or not heads or (model.get("FEATURE_EVAL_SETTINGS") or {}).get("EVAL_MODE_ON", False):
+        return
+    name, params = heads[0][0], heads[0][1] if len(heads[0]) > 1 else {}
+    dims = params.get("dims") if hasattr(params, "get") else None
+    if name in DIMS_FIRST_HEADS and isinstance(dims, (list, tuple)) and dims and dims[0] != out:
+        raise ConfigError(
+            f"config.MODEL.HEAD.PARAMS[0] ({name}) dims[0]={dims[0]!r} but the trunk "
+            f"MODEL.TRUNK.NAME={model.TRUNK.NAME} outputs {out} features ({_trunk_note(model.TRUNK)}); "
+            f"set dims[0] to {out}"
+        )
+
+
+def _trunk_note(trunk) -> str:
+    """How the trunk's output dimension follows from its config, for messages."""
+    if trunk.NAME == "resnet":
+        return f"{RESNET_OUT_DIM} x RESNETS.WIDTH_MULTIPLIER={trunk.RESNETS.get('WIDTH_MULTIPLIER', 1)}"
+    return "8 x RESNET_SMALL_PLUGIN.WIDTH"
+
+
+@register_config_check
+def check_multicrop_transforms(cfg) -> None:
+    """Every ``multicrop_plugin`` entry of ``DATA.{TRAIN,TEST}.TRANSFORMS``: its keys and
+    values, with the defaults of ``MultiCropPlugin`` itself (its signature), as the
+    dataloader workers would build it; and every ``per_image_standardize_plugin`` entry's
+    keys."""
+    from vissl_swav_plugin.transforms.multicrop import MultiCropPlugin
+    from vissl_swav_plugin.transforms.multicrop_config import TRANSFORM_NAME, check_config_keys, validate_params
+
+    from vissl_swav_plugin.transforms import standardize
+
+    for split in ("TRAIN", "TEST"):
+        for i, t in enumerate((cfg.DATA.get(split) or {}).get("TRANSFORMS") or []):
+            path = f"config.DATA.{split}.TRANSFORMS[{i}]"
+            if hasattr(t, "get") and t.get("name") == standardize.TRANSFORM_NAME:
+                standardize.check_keys(t, path)
+            if not hasattr(t, "get") or t.get("name") != TRANSFORM_NAME:
+                continue
+            kwargs = check_config_keys(t, path)
+            bound = inspect.signature(MultiCropPlugin).bind(**kwargs)
+            bound.apply_defaults()
+            try:
+                validate_params(**bound.arguments)
+            except ConfigError as e:
+                raise type(e)(f"{path}: {e}") from None
+
+
+@register_config_check
+def check_batches(cfg) -> None:
+    """``BATCHSIZE_PER_REPLICA`` >= 1 and, when the dataset size is known, at least one
+    training iteration per epoch."""
+    if cfg.get("TEST_ONLY", False):
+        return
+    bs = cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA
+    if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
+        raise ConfigError(f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA must be an integer >= 1, got {bs!r}")
+    n = train_dataset_size(cfg)
+    if n is not None and iterations_per_epoch(cfg, n) == 0:
+        raise ConfigError(
+            f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={bs} is larger than the {n} training samples "
+            f"split over {world_size_of(cfg)} processes ({samples_per_process(cfg, n)} each"
+            f"{', DROP_LAST=True' if cfg.DATA.TRAIN.get('DROP_LAST', False) else ''}): no training iteration; "
+            "lower the batch size or the number of processes, or use more data"
+        )
+
+
+@register_config_check
+def check_settings_that_never_act(cfg) -> None:
+    """Warn about SwAV settings that the run never reaches: the queue from epoch
+    ``queue.start_epoch >= num_epochs``, prototypes frozen for ``freeze_prototypes_niters
+    >=`` every iteration of the run (when the dataset size is known)."""
+    if cfg.LOSS.name != "swav_plugin_loss" or cfg.get("TEST_ONLY", False):
+        return
+    from vissl_swav_plugin.losses.swav_config import DEFAULTS, QUEUE_DEFAULTS
+
+    lc, key = cfg.LOSS.swav_plugin_loss, "config.LOSS.swav_plugin_loss"
+    epochs = int(cfg.OPTIMIZER.num_epochs)
+    q = lc.get("queue") or {}
+    start = q.get("start_epoch", QUEUE_DEFAULTS["start_epoch"])
+    if q.get("queue_length", QUEUE_DEFAULTS["queue_length"]) > 0 and start >= epochs:
+        logging.warning(
+            f"{key}.queue.start_epoch={start} >= config.OPTIMIZER.num_epochs={epochs}: the queue "
+            f"(queue_length={q.get('queue_length')}) is never used (epochs are numbered from 0)"
+        )
+    freeze = lc.get("freeze_prototypes_niters", DEFAULTS["freeze_prototypes_niters"])
+    n = train_dataset_size(cfg)
+    if freeze > 0 and n is not None:
+        total = epochs * iterations_per_epoch(cfg, n)
+        if freeze >= total:
+            logging.warning(
+                f"{key}.freeze_prototypes_niters={freeze} >= the {total} iterations of the run "
+                f"({epochs} epochs x {total // max(epochs, 1)} iterations of {n} samples): the prototypes "
+                "are never trained"
+            )

@@ -1,0 +1,71 @@
+"""How many training samples, samples per process and iterations per epoch a config gives,
+when that is known before the run (no worker, no dataset object): used by the run-wide
+checks (:mod:`vissl_swav_plugin.checks.run_wide`) and by the clustering losses' config
+inference (:mod:`vissl_swav_plugin.losses.clustering_config`).
+"""
+import math
+import os
+from typing import Optional
+
+from vissl_swav_plugin.config.validation import world_size_of
+
+#: torchvision's ImageFolder extensions (VISSL's disk_folder source)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def train_dataset_size(cfg) -> Optional[int]:
+    """The number of training samples, when it is known before the run: ``DATA_LIMIT``
+    (>= 0, VISSL's length then), else the first source's size for ``synthetic`` (VISSL's
+    50,000), ``disk_folder`` (images under ``DATA_PATHS[0]``, ImageFolder layout) and
+    ``disk_filelist`` (entries of a ``.npy`` file list); None otherwise or when the path is
+    unusable or empty (the dataset checks report it, naming the path)."""
+    data = cfg.DATA.TRAIN
+    limit = data.get("DATA_LIMIT", -1)
+    if isinstance(limit, int) and limit >= 0:
+        return limit
+    sources, paths = list(data.get("DATA_SOURCES") or []), list(data.get("DATA_PATHS") or [])
+    if not sources:
+        return None
+    if sources[0] == "synthetic":
+        from vissl.data.synthetic_dataset import SyntheticImageDataset
+
+        return SyntheticImageDataset.DEFAULT_SIZE
+    if not paths or not isinstance(paths[0], str):
+        return None
+    if sources[0] == "disk_folder" and os.path.isdir(paths[0]):
+        return _count_images(paths[0]) or None  # none: the dataset checks name the folder
+    if sources[0] == "disk_filelist" and paths[0].endswith(".npy") and os.path.isfile(paths[0]):
+        import numpy as np
+
+        try:
+            return int(len(np.load(paths[0], mmap_mode="r", allow_pickle=False))) or None
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def _count_images(root: str) -> int:
+    """Images in the class folders of an ImageFolder ``root`` (as torchvision counts)."""
+    n = 0
+    for entry in os.scandir(root):
+        if entry.is_dir():
+            for _, _, files in os.walk(entry.path, followlinks=True):
+                n += sum(f.lower().endswith(IMAGE_EXTENSIONS) for f in files)
+    return n
+
+
+def samples_per_process(cfg, num_samples: int) -> int:
+    """Training samples each process gets per epoch: VISSL's sampler gives ``ceil(N /
+    world)`` (torch's DistributedSampler pads), ``floor`` with the stateful sampler."""
+    world = world_size_of(cfg)
+    if cfg.DATA.TRAIN.get("USE_STATEFUL_DISTRIBUTED_SAMPLER"):
+        return num_samples // world
+    return math.ceil(num_samples / world)
+
+
+def iterations_per_epoch(cfg, num_samples: int) -> int:
+    """Training iterations per epoch for ``num_samples`` samples: each process's share
+    (:func:`samples_per_process`) in batches of ``BATCHSIZE_PER_REPLICA``, the last partial
+    batch dropped with ``DROP_LAST``."""
+    per, bs = samples_per_process(cfg, num_samples), int(cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA)
+    return per // bs if cfg.DATA.TRAIN.get("DROP_LAST", False) else math.ceil(per / bs)

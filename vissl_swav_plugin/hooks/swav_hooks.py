@@ -1,0 +1,202 @@
+"""The hooks of the SwAV loss (config ``LOSS.swav_plugin_loss``), registered for that loss
+name with :func:`~vissl_swav_plugin.hooks.registry.register_loss_hooks`:
+
+* :class:`SwAVAssignmentHook` -- hands the live prototype layers to the loss's Sinkhorn
+  assignment (the queue is scored with the current prototypes), switches the queue on at
+  epoch ``queue.start_epoch`` and gathers every rank's queue before a checkpoint.
+* :class:`FreezePrototypesHook` -- prototypes get no update (grad set to None, so neither
+  momentum nor weight decay moves them) for the first ``freeze_prototypes_niters``
+  iterations.  Parameters are found by module type, whatever DDP/FSDP prefix they carry.
+* :class:`NormalizePrototypesHook` -- L2-normalises each prototype after every update.
+* :class:`TraceHook` -- a debug trace (env ``VISSL_SWAV_PLUGIN_TRACE_DIR``).
+"""
+import logging
+import os
+from typing import List
+
+import torch
+from classy_vision.hooks.classy_hook import ClassyHook
+
+from vissl_swav_plugin.hooks.registry import NoOpHook, register_loss_hooks
+from vissl_swav_plugin.losses.swav_config import DEFAULTS, QUEUE_DEFAULTS
+from vissl_swav_plugin.models.heads import find_prototype_layers, normalize_prototypes_, prototype_parameters
+
+
+def _prototype_layers(task):
+    layers = [layer for _, layer in find_prototype_layers(task.model).values()]
+    if not layers:
+        raise RuntimeError(
+            "vissl_swav_plugin: LOSS.name is swav_plugin_loss but the model has no prototype "
+            "layers; set MODEL.HEAD.PARAMS=[[swav_plugin_head, {...}]]"
+        )
+    return layers
+
+
+class SwAVAssignmentHook(NoOpHook):
+    def __init__(self, queue_start_epoch: int, checkpoint_iter_frequency: int = 0):
+        super().__init__()
+        self.queue_start_epoch = int(queue_start_epoch)
+        self.checkpoint_iter_frequency = int(checkpoint_iter_frequency)
+
+    def _attach(self, task):
+        task.loss.set_prototypes(_prototype_layers(task))
+
+    def on_start(self, task) -> None:
+        self._attach(task)
+
+    def on_phase_start(self, task) -> None:
+        if not task.train or not task.loss.has_queue:
+            return
+        epoch = task.train_phase_idx
+        active = epoch >= self.queue_start_epoch
+        if active and not task.loss.queue_active:
+            logging.info(f"SwAV queue starts at epoch {epoch} (queue.start_epoch={self.queue_start_epoch})")
+        task.loss.set_queue_active(active)
+
+    def on_forward(self, task) -> None:
+        self._attach(task)
+        guard_finite_model_output(task)
+
+    def _gather(self, task):
+        task.loss.gather_queues_for_checkpoint()
+
+    def on_step(self, task) -> None:
+        f = self.checkpoint_iter_frequency
+        if task.train and task.loss.has_queue and f > 0 and task.iteration % f == 0:
+            self._gather(task)
+
+    def on_phase_end(self, task) -> None:
+        if task.train and task.loss.has_queue:
+            self._gather(task)
+
+
+def guard_finite_model_output(task) -> None:
+    """Stop with a clear error when the model output (embeddings / prototype scores) is
+    NaN/inf, saving output and input batch.  Runs in ``on_forward`` before VISSL's
+    ``LogLossMetricsCheckpointHook``, which would otherwise write ``model_iteration<N>.torch``
+    with the diverged weights (picked by AUTO_RESUME with CHECKPOINT_ITER_FREQUENCY > 0), and
+    before VISSL 0.1.6's ``CheckNanModelOutputHook``, which fails with ``AttributeError:
+    'CheckNanModelOutputHook' object has no attribute '_checkpoint_model'``."""
+    out = task.last_batch.model_output
+    tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if torch.is_tensor(t)]
+    if not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):
+        return
+    from vissl_swav_plugin.utils.nonfinite import raise_non_finite
+
+    it = int(task.iteration)
+    out_dir = getattr(task.loss, "output_dir", None) or task.checkpoint_folder or "."
+    sample = getattr(task.last_batch, "sample", {}) or {}
+    raise_non_finite(
+        out_dir, it, "model_output", {"model_output": tensors, "input": sample.get("input"), "iteration": it},
+        f"swav_plugin_loss: the model output (embeddings / prototype scores) is NaN or inf at "
+        f"iteration {it}: the training diverged (learning rate too high? fp16 overflow?). No "
+        f"checkpoint was written for this iteration",
+        "model output and input batch",
+    )
+
+
+class FreezePrototypesHook(NoOpHook):
+    """Prototypes get no update for the first ``niters`` iterations (paper App. A.1:
+    "freeze the prototypes during the first epoch"): their gradient is set to ``None``
+    after the backward pass, so neither momentum nor weight decay moves them."""
+
+    def __init__(self, niters: int):
+        super().__init__()
+        self.niters = int(niters)
+
+    def on_backward(self, task) -> None:
+        if task.iteration >= self.niters:
+            return
+        for p in prototype_parameters(task.model):
+            p.grad = None
+        if task.iteration + 1 == self.niters:
+            logging.info(f"Prototypes frozen until iteration {self.niters}; they train from now on")
+
+
+class NormalizePrototypesHook(NoOpHook):
+    """Keeps the prototypes L2-normalised before every forward pass, as the official code
+    (which normalises at the start of every iteration): once at the start of the run (so
+    prototypes loaded from another tool's checkpoint or a user's initialisation are
+    normalised before the freeze window, which then keeps them), then after every update.
+    Frozen prototypes that are already unit-norm are left bit-exact."""
+
+    #: a prototype whose norm differs from 1 by more than this is re-normalised at start
+    NORM_TOLERANCE = 1e-5
+
+    def __init__(self, frozen_niters: int = 0):
+        super().__init__()
+        self.frozen_niters = int(frozen_niters)
+
+    def on_start(self, task) -> None:
+        layers = _prototype_layers(task)
+        err = max(float((l.weight.detach().float().norm(dim=1) - 1).abs().max()) for l in layers)
+        if err > self.NORM_TOLERANCE:
+            logging.info(f"Prototypes are not unit-norm at start (max |norm - 1| = {err:.3g}): L2-normalised")
+            normalize_prototypes_(layers)
+
+    def on_update(self, task) -> None:
+        if task.iteration < self.frozen_niters:
+            return
+        normalize_prototypes_(_prototype_layers(task))
+
+
+class TraceHook(NoOpHook):
+    """Debug trace (env ``VISSL_SWAV_PLUGIN_TRACE_DIR``): one JSON line per event and rank
+    with the prototypes' checksum and norms and the queue state, to check freezing,
+    normalisation and queue behaviour of a real (multi-process) run from outside."""
+
+    def __init__(self, out_dir: str):
+        super().__init__()
+        self.out_dir = out_dir
+
+    def _write(self, task, event):
+        import json
+        import os
+
+        from vissl_swav_plugin.utils.distributed import rank as _rank
+
+        rec = {"event": event, "iteration": int(task.iteration), "epoch": int(task.train_phase_idx)}
+        protos = prototype_parameters(task.model)
+        if protos:
+            w = protos[0].detach().double()
+            rec["proto_sum"] = float(w.sum())
+            rec["proto_abs_sum"] = float(w.abs().sum())
+            rec["proto_norm_err"] = float((w.norm(dim=1) - 1).abs().max())
+        queue_summary = getattr(task.loss, "queue_summary", None)
+        if queue_summary is not None:
+            rec.update(queue_summary())
+        if event == "update" and task.last_batch is not None and task.last_batch.loss is not None:
+            rec["loss"] = float(task.last_batch.loss)
+        os.makedirs(self.out_dir, exist_ok=True)
+        with open(os.path.join(self.out_dir, f"trace_rank{_rank()}.jsonl"), "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def on_start(self, task) -> None:
+        self._write(task, "start")
+
+    def on_update(self, task) -> None:
+        self._write(task, "update")
+
+    def on_phase_end(self, task) -> None:
+        if task.train:
+            self._write(task, "phase_end")
+
+
+@register_loss_hooks("swav_plugin_loss")
+def swav_hooks(cfg) -> List[ClassyHook]:
+    loss_cfg = cfg.LOSS["swav_plugin_loss"]
+    hooks: List[ClassyHook] = [
+        SwAVAssignmentHook(
+            (loss_cfg.get("queue") or {}).get("start_epoch", QUEUE_DEFAULTS["start_epoch"]),
+            cfg.CHECKPOINT.get("CHECKPOINT_ITER_FREQUENCY", 0),
+        )
+    ]
+    freeze = int(loss_cfg.get("freeze_prototypes_niters", DEFAULTS["freeze_prototypes_niters"]))
+    if freeze > 0:
+        hooks.append(FreezePrototypesHook(freeze))
+    if loss_cfg.get("normalize_prototypes", DEFAULTS["normalize_prototypes"]):
+        hooks.append(NormalizePrototypesHook(freeze))
+    trace_dir = os.environ.get("VISSL_SWAV_PLUGIN_TRACE_DIR")
+    if trace_dir:
+        hooks.append(TraceHook(trace_dir))
+    return hooks
