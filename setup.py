@@ -55,10 +55,9 @@ setup(
     entry_points={"console_scripts": CONSOLE_SCRIPTS},
     python_requires=">=3.9",
     # Real requirements are installed by tools/install_env.sh (VISSL 0.1.6's own pins cannot
-    # install on Python 3.11, so VISSL goes in with --no-deps).  No setuptools pin: VISSL's
-    # `import pkg_resources` is served by vissl_swav_plugin/pkg_resources_compat.py where
-    # setuptools ships none (torch 2.14 requires setuptools>=77.0.3).
-    install_requires=[],
+    # install on Python 3.11, so VISSL goes in with --no-deps).  setuptools: VISSL imports
+    # pkg_resources, shipped by setuptools up to 80.x; torch 2.14 requires >=77.0.3.
+    install_requires=["setuptools>=77.0.3,<81"],
     cmdclass={"build_py": BuildPyWithPth},
     zip_safe=False,
 )

@@ -108,25 +108,3 @@ def test_mean_std_tool_and_named_normalize_keys(tmp_path, monkeypatch, capsys):
     with pytest.raises(ConfigError, match="no transform of config.DATA.TRAIN.TRANSFORMS takes a mean/std"):
         compose(["config=test/swav_plugin/quick_cpu", "config.DATA.TRAIN.TRANSFORMS=[{name:ToTensor}]",
                  "+config.DATA.TRAIN.NORMALIZE={MEAN:[0.1,0.2,0.3],STD:[1,1,1]}"])
-
-
-def test_pkg_resources_fallback():
-    """Where setuptools ships no pkg_resources, `import pkg_resources` gets our stand-in (the
-    finder sits last on sys.meta_path, after the real one's finder)."""
-    import importlib.util
-    import sys
-
-    from vissl_swav_plugin import pkg_resources_compat as prc
-
-    assert isinstance(sys.meta_path[-1], prc._FallbackFinder) or any(
-        isinstance(f, prc._FallbackFinder) for f in sys.meta_path)
-    spec = prc._FallbackFinder().find_spec("pkg_resources")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    import torch
-
-    assert mod.get_distribution("torch").version == torch.__version__.split("+")[0]
-    with pytest.raises(mod.DistributionNotFound):
-        mod.get_distribution("apex")
-    assert mod.resource_filename("configs", "config/dataset_catalog.json").endswith(
-        "configs/config/dataset_catalog.json")

@@ -18,9 +18,6 @@ until our outermost module has finished executing (the hook also watches our own
 submodules).  Every module imports in any order.
 
 Set ``VISSL_SWAV_PLUGIN_DISABLE=1`` to switch the automatic registration off.
-
-It also arms the fallback ``pkg_resources`` of :mod:`vissl_swav_plugin.pkg_resources_compat`
-(VISSL imports ``pkg_resources``, which recent setuptools no longer ship).
 """
 import os
 import sys
@@ -59,14 +56,7 @@ def _after_own_module(module) -> None:
 
 
 def install() -> None:
-    """Arm the hook (idempotent).  If VISSL is already imported, register now.
-
-    Also, even with ``VISSL_SWAV_PLUGIN_DISABLE=1``, arm the fallback ``pkg_resources``
-    (``pkg_resources_compat``: used only where setuptools ships none, so that VISSL imports).
-    """
-    from vissl_swav_plugin import pkg_resources_compat
-
-    pkg_resources_compat.install()
+    """Arm the hook (idempotent).  If VISSL is already imported, register now."""
     if os.environ.get("VISSL_SWAV_PLUGIN_DISABLE"):
         return
     from vissl_swav_plugin.compat.engine import after_import

@@ -54,7 +54,7 @@ Patches (in the order they are applied), by module:
 
 Checked and found working on this stack (no patch): Hydra 1.3 composition of VISSL's
 configs (``defaults: [_self_, config: ???]``; keys VISSL lacks need ``+``), ``pkg_resources``
-(setuptools < 70 is pinned), fairscale 0.3.7 imports, ``np.bool`` (re-added in NumPy 2),
+(the real one: setuptools >=77.0.3,<81 is required, the last releases that ship it), fairscale 0.3.7 imports, ``np.bool`` (re-added in NumPy 2),
 ``torch.cuda.amp`` (deprecated, still there), the other VISSL/Classy transforms, VISSL
 training checkpoints under ``weights_only=True``, every VISSL/Classy module imports.
 On CPU VISSL never converts BatchNorm to SyncBatchNorm (GPU-only in PyTorch): with
