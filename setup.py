@@ -24,6 +24,7 @@ CONSOLE_SCRIPTS = [
     "swav-plugin-mean-std = vissl_swav_plugin.tools.mean_std:main",
     "swav-plugin-to-detectron2 = vissl_swav_plugin.tools.to_detectron2:main",
     "swav-plugin-knn = vissl_swav_plugin.tools.knn_eval:main",
+    "swav-plugin-label-subsets = vissl_swav_plugin.tools.label_subsets:main",
 ]
 
 

@@ -307,6 +307,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
         return found
 
     def find_spec(self, fullname, path=None, target=None):
+        """Wrap the loader of a watched module so that its callbacks run after the module executed."""
         if fullname in self._busy or not self.watchers(fullname):
             return None
         self._busy.add(fullname)

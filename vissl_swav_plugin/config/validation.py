@@ -71,6 +71,7 @@ def total_num_crops(cfg):
 
 
 def world_size_of(cfg) -> int:
+    """The run's number of processes: ``DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE``."""
     return int(cfg.DISTRIBUTED.NUM_NODES) * int(cfg.DISTRIBUTED.NUM_PROC_PER_NODE)
 
 
@@ -84,21 +85,25 @@ def _is_num(v) -> bool:
 
 
 def require_positive_number(value, key):
+    """Raise :class:`ConfigError` naming ``config.<key>`` unless ``value`` is a number > 0."""
     if not _is_num(value) or not value > 0 or value == float("inf"):
         raise ConfigError(f"config.{key} must be a finite number > 0, got {value!r}")
 
 
 def require_bool(value, key):
+    """Raise :class:`ConfigError` naming ``config.<key>`` unless ``value`` is a bool."""
     if not isinstance(value, bool):
         raise ConfigError(f"config.{key} must be true or false, got {value!r}")
 
 
 def require_int(value, key, minimum=0):
+    """Raise :class:`ConfigError` naming ``config.<key>`` unless ``value`` is an int (not a bool) >= ``minimum``."""
     if not _is_int(value) or value < minimum:
         raise ConfigError(f"config.{key} must be an integer >= {minimum}, got {value!r}")
 
 
 def require_int_list(value, key, minimum=0, nonempty=True):
+    """Raise :class:`ConfigError` naming ``config.<key>`` unless ``value`` is a non-empty list of ints >= ``minimum``."""
     if not isinstance(value, (list, tuple)) or (nonempty and not value):
         raise ConfigError(f"config.{key} must be a non-empty list of integers, got {value!r}")
     for v in value:

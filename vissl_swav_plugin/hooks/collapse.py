@@ -265,14 +265,17 @@ class CollapseDetectorHook(NoOpHook):
         return getattr(task, "base_loss", None) or task.loss
 
     def on_start(self, task) -> None:
+        """Read the run's context (loss, prototypes, iterations) for the messages."""
         if D.rank() == 0:
             self._tb = next((h.tb_writer for h in getattr(task, "hooks", []) if getattr(h, "tb_writer", None) is not None), None)
 
     def on_phase_start(self, task) -> None:
+        """Reset the epoch's statistics."""
         if task.train:
             self._reset_epoch()
 
     def on_loss_and_meter(self, task) -> None:
+        """Accumulate this iteration's statistics and check the collapse criteria."""
         if not task.train:
             return
         loss_module = self._loss_module(task)
@@ -327,6 +330,7 @@ class CollapseDetectorHook(NoOpHook):
             raise CollapseError(msg)
 
     def on_phase_end(self, task) -> None:
+        """Log the epoch line and check the epoch-level criteria."""
         if not task.train or self.epoch_sums is None:
             return
         loss_module = self._loss_module(task)

@@ -64,10 +64,12 @@ class ColorWarmupHook(NoOpHook):
         self._logged = True
 
     def on_start(self, task) -> None:
+        """Set the colour-distortion strength of the first iteration."""
         self._logged = False
         self._set(task, int(getattr(task, "train_phase_idx", -1)) + 1)
 
     def on_phase_end(self, task) -> None:
+        """Set the strength for the next epoch's iterations."""
         if getattr(task, "train", True):
             self._set(task, int(getattr(task, "train_phase_idx", -1)) + 1)
 

@@ -141,6 +141,7 @@ class OnlineKnnHook(NoOpHook):
         self.bank = self.queries = None
 
     def on_start(self, task) -> None:
+        """Load the held-out images once per run."""
         self.bank = image_folder(self.c["TRAIN_PATH"], self.c)
         self.queries = image_folder(self.c["TEST_PATH"], self.c)
         if self.bank.classes != self.queries.classes:
@@ -201,6 +202,7 @@ class OnlineKnnHook(NoOpHook):
                     seconds=round(time.time() - t0, 3))
 
     def on_phase_end(self, task) -> None:
+        """Every ``EVERY_N_EPOCHS`` training epochs, log the held-out kNN accuracy."""
         if not task.train:
             return
         epoch = int(task.train_phase_idx)

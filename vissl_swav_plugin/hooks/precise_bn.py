@@ -122,6 +122,7 @@ class PreciseBatchNormHook(NoOpHook):
         self.every_phase = bool(every_phase)
 
     def on_phase_end(self, task) -> None:
+        """After the last training epoch, re-estimate the BatchNorm statistics on the global crops before the final checkpoint."""
         if not getattr(task, "train", True) or "train" not in getattr(task, "dataloaders", {}):
             return
         last = int(getattr(task, "train_phase_idx", 0)) + 1 >= int(getattr(task, "num_train_phases", 1))

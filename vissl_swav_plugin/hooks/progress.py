@@ -98,6 +98,7 @@ class ProgressHook(NoOpHook):
         self.last_printed = -1
 
     def on_start(self, task) -> None:
+        """Start the clock and print the run's first line."""
         self.t0, self.it0 = time.perf_counter(), int(task.iteration)
         self.loss = self.lr = None
 
@@ -114,6 +115,7 @@ class ProgressHook(NoOpHook):
         self.last_printed = done
 
     def on_update(self, task) -> None:
+        """Print the progress line every ``FREQUENCY`` iterations."""
         if not task.train:
             return
         if self.t0 is None:
@@ -125,6 +127,7 @@ class ProgressHook(NoOpHook):
             self._log(task, done)
 
     def on_phase_end(self, task) -> None:
+        """Print the epoch's summary line."""
         if task.train:
             self._log(task, int(task.iteration))
 

@@ -33,6 +33,7 @@ def _prototype_layers(task):
 
 
 class SwAVAssignmentHook(NoOpHook):
+    """Hands the live prototype layers to the loss at every forward pass (the codes and the queue are scored with the current prototypes), switches the queue on at epoch ``queue_start_epoch`` and gathers every process's queue before a checkpoint."""
     def __init__(self, queue_start_epoch: int, checkpoint_iter_frequency: int = 0):
         super().__init__()
         self.queue_start_epoch = int(queue_start_epoch)
@@ -42,9 +43,11 @@ class SwAVAssignmentHook(NoOpHook):
         task.loss.set_prototypes(_prototype_layers(task))
 
     def on_start(self, task) -> None:
+        """Give the loss the prototype layers before the first forward pass."""
         self._attach(task)
 
     def on_phase_start(self, task) -> None:
+        """Switch the queue on from epoch ``queue_start_epoch`` (training phases only)."""
         if not task.train or not task.loss.has_queue:
             return
         epoch = task.train_phase_idx
@@ -54,6 +57,7 @@ class SwAVAssignmentHook(NoOpHook):
         task.loss.set_queue_active(active)
 
     def on_forward(self, task) -> None:
+        """Re-attach the prototypes (a wrapper may have replaced them) and stop on a non-finite model output."""
         self._attach(task)
         guard_finite_model_output(task)
 
@@ -61,11 +65,13 @@ class SwAVAssignmentHook(NoOpHook):
         task.loss.gather_queues_for_checkpoint()
 
     def on_step(self, task) -> None:
+        """Gather the queues before VISSL's iteration checkpoints (``CHECKPOINT_ITER_FREQUENCY``)."""
         f = self.checkpoint_iter_frequency
         if task.train and task.loss.has_queue and f > 0 and task.iteration % f == 0:
             self._gather(task)
 
     def on_phase_end(self, task) -> None:
+        """Gather the queues before the epoch's checkpoint."""
         if task.train and task.loss.has_queue:
             self._gather(task)
 
@@ -105,6 +111,7 @@ class FreezePrototypesHook(NoOpHook):
         self.niters = int(niters)
 
     def on_backward(self, task) -> None:
+        """Drop the prototypes' gradients while ``task.iteration < niters``."""
         if task.iteration >= self.niters:
             return
         for p in prototype_parameters(task.model):
@@ -128,6 +135,7 @@ class NormalizePrototypesHook(NoOpHook):
         self.frozen_niters = int(frozen_niters)
 
     def on_start(self, task) -> None:
+        """Normalise prototypes that are not unit-norm at the start of the run."""
         layers = _prototype_layers(task)
         err = max(float((l.weight.detach().float().norm(dim=1) - 1).abs().max()) for l in layers)
         if err > self.NORM_TOLERANCE:
@@ -135,6 +143,7 @@ class NormalizePrototypesHook(NoOpHook):
             normalize_prototypes_(layers)
 
     def on_update(self, task) -> None:
+        """Re-normalise the prototypes after every update once they train."""
         if task.iteration < self.frozen_niters:
             return
         normalize_prototypes_(_prototype_layers(task))
@@ -172,18 +181,22 @@ class TraceHook(NoOpHook):
             f.write(json.dumps(rec) + "\n")
 
     def on_start(self, task) -> None:
+        """Trace the state at the start of the run."""
         self._write(task, "start")
 
     def on_update(self, task) -> None:
+        """Trace the state after every update."""
         self._write(task, "update")
 
     def on_phase_end(self, task) -> None:
+        """Trace the state at the end of every training epoch."""
         if task.train:
             self._write(task, "phase_end")
 
 
 @register_loss_hooks("swav_plugin_loss")
 def swav_hooks(cfg) -> List[ClassyHook]:
+    """The hooks of ``swav_plugin_loss`` for ``cfg``: assignment (always), prototype freeze (``freeze_prototypes_niters > 0``), prototype normalisation (``normalize_prototypes``) and the debug trace (env ``VISSL_SWAV_PLUGIN_TRACE_DIR``)."""
     loss_cfg = cfg.LOSS["swav_plugin_loss"]
     hooks: List[ClassyHook] = [
         SwAVAssignmentHook(

@@ -54,14 +54,14 @@ PROTOTYPE_HEADS_FROZEN = ("deepclusterv2_plugin_head",)
 class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
     """DeepCluster-v2: spherical k-means pseudo-labels, centroids as frozen head.
 
-    Extra config (``LOSS.deepclusterv2_plugin_loss``)::
-
-        kmeans_iters: 10           # Lloyd iterations per clustering
-        kmeans_init: random        # K random samples (the reference code); or kmeans++
-        reseed_empty_clusters: false   # empty clusters keep their centroid (the reference
-                                   # code); true: split the largest cluster
-        seed: 0                    # k-means of epoch e, clustering h uses seed + 1000003 * e + h
-        kmeans_dtype: float32      # or float64
+    Config params (``LOSS.deepclusterv2_plugin_loss``): the keys of
+    :class:`~vissl_swav_plugin.losses.memory_bank_loss.MemoryBankClusteringLoss`, and
+        kmeans_iters (int, default 10): Lloyd iterations per clustering.
+        kmeans_init (str, default "random"): K random samples (the reference code); or ``kmeans++``.
+        kmeans_dtype (str, default "float32"): or ``float64``.
+        seed (int, default 0): the k-means of epoch e, clustering h, uses seed ``seed + 1000003 * e + h``.
+        reseed_empty_clusters (bool, default False): empty clusters keep their centroid (the
+            reference code); True: split the largest cluster.
 
     The k-means and the loss run with autocast off (fp32 / ``kmeans_dtype``) under AMP.
 

@@ -60,18 +60,20 @@ STATE_FORMAT = 1
 class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
     """Base of the offline clustering losses: memory bank + dataset-wide pseudo-labels.
 
-    Config (``LOSS.<name>``)::
-
-        num_train_samples: -1      # filled in by VISSL from the training dataset
-        temperature: 0.1           # tau of the classification softmax
-        num_clusters: [3000, 3000, 3000]   # one clustering / prototype set each
-        embedding_dim: 128         # last entry of the head's dims
-        crops_for_mb: [0, 1]       # crops whose features fill the memory bank(s)
-        init_memory_pass: true     # forward pass over the data before epoch 0 (as the
-                                   # reference code); false: epoch 0 only fills the bank
-        init_bank_forward: per_crop  # that pass calls the model once per crop (reference
-                                   # code); joint: once on all crops_for_mb crops
-        output_dir: <checkpoint folder>   # where the non-finite guard saves its tensors
+    Config params (``LOSS.<name>``, shared by every memory-bank clustering loss):
+        num_train_samples (int, default -1): size of the training set (-1: VISSL fills it in
+            from the training dataset).
+        temperature (float, required): tau of the classification softmax (paper: 0.1).
+        num_clusters (list of int, inferred): one clustering / prototype set each (paper:
+            ``[3000, 3000, 3000]``), from the head's ``num_clusters``.
+        embedding_dim (int, inferred): the last entry of the head's ``dims``.
+        crops_for_mb (list of int, default [0]): crops whose features fill the memory bank(s).
+        init_memory_pass (bool, default True): a forward pass over the data before epoch 0
+            (as the reference code); False: epoch 0 only fills the bank.
+        init_bank_forward (str, default "per_crop"): that pass calls the model once per crop
+            (the reference code); ``joint``: once on all ``crops_for_mb`` crops.
+        output_dir (str, default None): where the non-finite guard saves its tensors
+            (inferred: the checkpoint folder).
 
     Subclasses implement :meth:`compute_assignments` and may override
     :meth:`restore_head`, :meth:`after_update`, :meth:`head_loss`, the config / model

@@ -67,18 +67,18 @@ DEFAULT_FREEZE_EPOCHS = 1
 class SeLaV2PluginLoss(MemoryBankClusteringLoss):
     """SeLa-v2: equipartitioned Sinkhorn-Knopp pseudo-labels, learned prototypes.
 
-    Extra config (``LOSS.selav2_plugin_loss``)::
-
-        sinkhorn_epsilon: 0.01     # entropic regularisation of the scores z^T c (SwAV:
-                                   # 0.05); SeLa's lambda is tau / epsilon; smaller: closer
-                                   # to an exact equipartition, more iterations needed
-        sinkhorn_iterations: 200   # over the whole bank (SwAV: 3, on a batch)
-        sinkhorn_dtype: float64    # or float32
-        hard_labels: true          # false: train on the soft codes
-        normalize_prototypes: true # L2-normalise the prototypes (at start if they are not
-                                   # unit-norm, then after every update)
-        freeze_prototypes_epochs: 1  # prototypes get no update during the first epoch(s)
-                                   # (SwAV's "frozen during the first epoch"); 0: never
+    Config params (``LOSS.selav2_plugin_loss``): the keys of
+    :class:`~vissl_swav_plugin.losses.memory_bank_loss.MemoryBankClusteringLoss`, and
+        sinkhorn_epsilon (float, default 0.01): entropic regularisation of the scores z^T c
+            (SwAV: 0.05); SeLa's lambda is tau / epsilon; smaller: closer to an exact
+            equipartition, more iterations needed.
+        sinkhorn_iterations (int, default 200): over the whole bank (SwAV: 3, on a batch).
+        sinkhorn_dtype (str, default "float64"): or ``float32``.
+        hard_labels (bool, default True): False: train on the soft codes.
+        normalize_prototypes (bool, default True): L2-normalise the prototypes (at start if
+            they are not unit-norm, then after every update).
+        freeze_prototypes_epochs (int, default 1): the prototypes get no update during the
+            first epoch(s) (SwAV's "frozen during the first epoch"); 0: never.
 
     The assignment and the loss run with autocast off (fp32 / ``sinkhorn_dtype``) under AMP.
     """

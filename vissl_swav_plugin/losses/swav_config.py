@@ -113,6 +113,7 @@ def _prototype_head_of(cfg, prefix):
 
 @register_config_inference("swav_plugin_loss")
 def infer_swav_plugin_loss(cfg):
+    """Fill the inferred keys of ``LOSS.swav_plugin_loss`` (``num_prototypes``, ``embedding_dim``, ``num_crops``, ``output_dir``, ``queue.local_queue_length``) from the head, the transforms, the checkpoint folder and the world size, then validate every key (:class:`ConfigError` names the key)."""
     prefix = "LOSS.swav_plugin_loss"
     lc = cfg.LOSS.swav_plugin_loss
     head_name, head = _prototype_head_of(cfg, prefix)

@@ -181,7 +181,45 @@ class SwAVQueue(nn.Module):
 
 @register_loss(LOSS_NAME)
 class SwAVPluginLoss(ClassyLoss):
-    """SwAV loss of vissl-swav-plugin (config: ``LOSS.swav_plugin_loss``; see the README)."""
+    """SwAV's swapped-prediction loss (paper Sec. 3, Eq. 1-3, multi-crop Eq. 4), registered as
+    ``swav_plugin_loss``.  The codes come from Sinkhorn-Knopp
+    (:func:`~vissl_swav_plugin.utils.sinkhorn.sinkhorn_knopp`) over the scores of the
+    ``crops_for_assign`` crops (and the queue, when active) against the live prototypes,
+    which :class:`~vissl_swav_plugin.hooks.swav_hooks.SwAVAssignmentHook` hands over at every
+    forward pass.  Keys are validated when the config is composed
+    (:func:`~vissl_swav_plugin.losses.swav_config.validate_swav_loss_config`): an unknown key
+    is an error naming the closest known key.  The defaults are
+    :data:`~vissl_swav_plugin.losses.swav_config.DEFAULTS` and ``QUEUE_DEFAULTS``.
+
+    Config params (``LOSS.swav_plugin_loss``):
+        temperature (float, required): softmax temperature tau of the predictions (paper: 0.1).
+        epsilon (float, required): entropic regularisation of Sinkhorn-Knopp (paper: 0.05).
+        num_iters (int, required): Sinkhorn-Knopp iterations (paper: 3).
+        crops_for_assign (list of int, required): the crops whose codes are computed and
+            predicted from every other crop (paper: the two global crops, ``[0, 1]``).
+        num_crops (int, inferred): crops per image, from the ``multicrop_plugin`` transform.
+        num_prototypes (list of int, inferred): prototypes per prototype set, from the head's
+            ``num_clusters``.
+        embedding_dim (int, inferred): size of the embedding, the last entry of the head's ``dims``.
+        use_double_precision (bool, default False): Sinkhorn-Knopp in float64 instead of float32.
+        hard_assignment (bool, default False): one-hot codes (argmax of the soft codes).
+        temp_hard_assignment_iters (int, default 0): hard codes for the first N iterations.
+        distributed_sinkhorn (bool, default True): equipartition over the batch of all
+            processes (the marginals are all-reduced), as the official code.
+        normalize_prototypes (bool, default True): keep the prototypes L2-normalised
+            (:class:`~vissl_swav_plugin.hooks.swav_hooks.NormalizePrototypesHook`).
+        freeze_prototypes_niters (int, default 0): the prototypes get no update during the
+            first N iterations (paper: one epoch).
+        output_dir (str, default "."): where the non-finite guard saves its tensors (inferred:
+            the checkpoint folder).
+        queue.queue_length (int, default 0): length of the feature queue over all processes
+            (0: no queue; the official code: 3840 for small batches).
+        queue.start_epoch (int, default 0): the epoch from which the queue is used.
+        queue.local_queue_length (int, default 0): per-process length (inferred:
+            ``queue_length`` / world size).
+        queue.use_before_full (bool, default False): score the valid part of a queue that is
+            still filling (the official code waits until it is full).
+    """
 
     def __init__(self, loss_config):
         super().__init__()
@@ -218,6 +256,7 @@ class SwAVPluginLoss(ClassyLoss):
 
     @classmethod
     def from_config(cls, loss_config):
+        """Classy Vision's constructor: validate ``loss_config`` (an error names the key), then build."""
         validate_swav_loss_config(loss_config, prefix=f"LOSS.{LOSS_NAME}")
         return cls(loss_config)
 

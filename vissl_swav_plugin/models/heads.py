@@ -85,6 +85,7 @@ class SwAVPluginHead(nn.Module):
             self.add_module(f"prototypes{i}", proto)
 
     def prototype_layers(self) -> List[nn.Linear]:
+        """The prototype layers (one ``nn.Linear`` per prototype set, no bias)."""
         return [getattr(self, f"prototypes{i}") for i in range(self.nmb_heads)]
 
     def normalize_prototypes(self) -> None:
@@ -92,6 +93,7 @@ class SwAVPluginHead(nn.Module):
         normalize_prototypes_(self.prototype_layers())
 
     def forward(self, batch: torch.Tensor):
+        """``[embedding, scores of each prototype set]``: the projection MLP's L2-normalised output and its scores against every prototype set."""
         if isinstance(batch, (list, tuple)):
             if len(batch) != 1:
                 raise ValueError(f"swav_plugin_head expects one input tensor, got {len(batch)}")

@@ -288,6 +288,7 @@ def run(opts):
 
 
 def main(argv=None):
+    """Console script ``swav-plugin-knn``: exit 0, or 2 with the error on stderr."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         run(split_args(argv))

@@ -113,11 +113,13 @@ class Source:
         return self._cache
 
     def splits(self):
+        """The source's split names."""
         if self.kind == "idx":
             return list(SPLITS)
         return list(SPLITS) if ("val" in self._read_all() or self.val_fraction) else ["train"]
 
     def load(self, split):
+        """The images and labels of ``split``."""
         if self.kind == "idx":
             n = len(self.given or ds.PRESETS.get(self.dataset) or []) or None
             return ds.load_idx_split(self.path, split, n, self.hint)
@@ -130,6 +132,7 @@ class Source:
         return splits[split]
 
     def names(self, labels):
+        """The class names for labels ``0 .. max(labels)`` (given, from the source, or the preset's)."""
         top = int(labels.max()) + 1 if labels.size else 1
         return ds.resolve_class_names(top, self.given, self._source_names, self.dataset, self.unlabelled)
 

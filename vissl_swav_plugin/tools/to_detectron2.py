@@ -72,6 +72,7 @@ class ConversionError(ValueError):
 
 
 def load_checkpoint(path, unsafe=False):
+    """Load a checkpoint on the CPU with ``torch.load(weights_only=True)`` (``unsafe``: full unpickling, for trusted files only); :class:`ConversionError` names the file."""
     import torch
 
     path = Path(path)
@@ -131,6 +132,7 @@ def to_torchvision_names(trunk_state):
 
 
 def torchvision_to_detectron2(tv_state):
+    """Rename a torchvision ResNet state dict to detectron2's parameter names (an ordered copy)."""
     out = OrderedDict()
     for name, v in tv_state.items():
         for rule, rename in _RULES:
@@ -155,6 +157,9 @@ def describe(tv_state):
 
 
 def convert(input_path, output_path, torchvision_path=None, state_dict_key="auto", fmt=None, unsafe=False):
+    """Convert a VISSL checkpoint's trunk to a detectron2 checkpoint at ``output_path`` (pickle for
+    ``.pkl``, else a torch file; ``fmt`` overrides) and, with ``torchvision_path``, a torchvision
+    ResNet state dict."""
     import torch
 
     trunk = extract_trunk(load_checkpoint(input_path, unsafe), state_dict_key)
