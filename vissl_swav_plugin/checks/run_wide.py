@@ -1,34 +1,48 @@
-"""Run-wide config checks, made when a launcher composes the config.
+"""Run-wide config checks.  Key-level ones run when a config is composed
+(:func:`~vissl_swav_plugin.config.validation.register_config_check`); the ones that need the
+whole run -- head against trunk width, dataset size against batch and processes, data
+paths, settings that never act -- run when the run is launched
+(:func:`~vissl_swav_plugin.config.validation.register_launch_check`, patch
+``plugin_launch_checks``), in the launcher process before any worker starts.
 
-Each check below is registered with
-:func:`~vissl_swav_plugin.config.validation.register_config_check`, so it runs in the
-launching process right after the losses' inference, before any worker starts.  A wrong
-setting raises :class:`~vissl_swav_plugin.config.validation.ConfigError` naming the key
-and the values involved; a setting that can never act is logged with ``logging.warning``.
+A wrong setting raises :class:`~vissl_swav_plugin.config.validation.ConfigError` naming
+the key and the values involved; a setting that can never act is logged with
+``logging.warning``.
+
+When the config is composed:
 
 * heads: unknown keys of the entries of ``MODEL.HEAD.PARAMS`` built by this plugin, and
   of VISSL's ``swav_head`` under one of our losses (the known keys are the head
-  constructor's parameters); the first head's ``dims[0]`` must equal the trunk's output
-  dimension (:func:`trunk_output_dim`);
+  constructor's parameters); the plugin's trunk block;
 * ``multicrop_plugin`` transforms: unknown keys and every parameter, as the workers
   would check them ~15 s later;
-* ``DATA.TRAIN.BATCHSIZE_PER_REPLICA`` >= 1, and at least one iteration per epoch when the
-  dataset size is known here (:func:`train_dataset_size`);
+* ``DATA.TRAIN.BATCHSIZE_PER_REPLICA`` >= 1.
+
+When the run is launched:
+
+* the first head's ``dims[0]`` must equal the trunk's output dimension
+  (:func:`trunk_output_dim`);
+* at least one iteration per epoch when the dataset size is known
+  (:func:`~vissl_swav_plugin.config.dataset_size.train_dataset_size`);
+* the local data paths of the splits the run reads exist and hold images;
 * settings that never act: a SwAV queue from ``queue.start_epoch >= num_epochs``,
   ``freeze_prototypes_niters >=`` the run's iterations (warnings).  DeepCluster-v2 /
-  SeLa-v2 with more clusters than training samples is an error of those losses' config
-  inference (:func:`~vissl_swav_plugin.losses.clustering_config.check_clusters_fit_dataset`).
+  SeLa-v2 with more clusters than training samples: an error, registered by those losses
+  (:func:`~vissl_swav_plugin.losses.clustering_config.check_clusters_fit_dataset`).
 
 The dataset-size arithmetic is :mod:`vissl_swav_plugin.config.dataset_size`.
 """
 import inspect
 import logging
+import os
 from typing import Optional
 
 from vissl_swav_plugin.config.validation import (
     ConfigError,
     check_known_keys,
     register_config_check,
+    register_launch_check,
+    run_launch_checks,
     world_size_of,
 )
 from vissl_swav_plugin.config.dataset_size import iterations_per_epoch, samples_per_process, train_dataset_size
@@ -113,9 +127,20 @@ def trunk_output_dim(model_cfg) -> Optional[int]:
 
 
 @register_config_check
+def check_trunk_keys(cfg) -> None:
+    """The plugin's trunk block (``MODEL.TRUNK.RESNET_SMALL_PLUGIN``): unknown keys and bad
+    values, when the config is composed."""
+    from vissl_swav_plugin.models import trunks
+
+    if cfg.MODEL.TRUNK.NAME == trunks.TRUNK_NAME:
+        trunks.output_dim(cfg.MODEL)
+
+
+@register_launch_check
 def check_head_input_dim(cfg) -> None:
     """The first head's ``dims[0]`` must be the trunk's output dimension (else: a bare
-    shape error at the first forward, in every worker)."""
+    shape error at the first forward, in every worker).  A launch check: a head fragment
+    composed alone (VISSL's ``pretrain/swav/heads/*`` for RegNet trunks) is not a run."""
     model = cfg.MODEL
     out = trunk_output_dim(model)
     heads = model.HEAD.PARAMS or []
@@ -167,13 +192,20 @@ def check_multicrop_transforms(cfg) -> None:
 
 @register_config_check
 def check_batches(cfg) -> None:
-    """``BATCHSIZE_PER_REPLICA`` >= 1 and, when the dataset size is known, at least one
-    training iteration per epoch."""
+    """``BATCHSIZE_PER_REPLICA`` >= 1 (when the config is composed)."""
     if cfg.get("TEST_ONLY", False):
         return
     bs = cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA
     if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
         raise ConfigError(f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA must be an integer >= 1, got {bs!r}")
+
+
+@register_launch_check
+def check_batches_fit_dataset(cfg) -> None:
+    """At least one training iteration per epoch, when the dataset size is known at launch."""
+    if cfg.get("TEST_ONLY", False):
+        return
+    bs = cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA
     n = train_dataset_size(cfg)
     if n is not None and iterations_per_epoch(cfg, n) == 0:
         raise ConfigError(
@@ -184,7 +216,7 @@ def check_batches(cfg) -> None:
         )
 
 
-@register_config_check
+@register_launch_check
 def check_settings_that_never_act(cfg) -> None:
     """Warn about SwAV settings that the run never reaches: the queue from epoch
     ``queue.start_epoch >= num_epochs``, prototypes frozen for ``freeze_prototypes_niters
@@ -212,3 +244,67 @@ def check_settings_that_never_act(cfg) -> None:
                 f"({epochs} epochs x {total // max(epochs, 1)} iterations of {n} samples): the prototypes "
                 "are never trained"
             )
+
+
+#: the data sources whose ``DATA_PATHS`` entries are local paths this check can look at
+PATH_SOURCES = ("disk_folder", "disk_filelist")
+
+
+def _splits_of_the_run(cfg):
+    splits = [] if cfg.get("TEST_ONLY", False) else ["TRAIN"]
+    if cfg.get("TEST_MODEL", False) or cfg.get("TEST_ONLY", False):
+        splits.append("TEST")
+    return splits
+
+
+@register_launch_check
+def check_data_paths(cfg) -> None:
+    """Every local ``DATA_PATHS`` entry of a split the run reads (``disk_folder`` /
+    ``disk_filelist``) exists, and a ``disk_folder`` holds images in class sub-folders:
+    named at launch, before any worker starts (the workers would name it ~10 s later)."""
+    from vissl_swav_plugin.config.dataset_size import count_images
+
+    for split in _splits_of_the_run(cfg):
+        data = cfg.DATA[split]
+        sources, paths = list(data.get("DATA_SOURCES") or []), list(data.get("DATA_PATHS") or [])
+        names = list(data.get("DATASET_NAMES") or [])
+        for i, (source, path) in enumerate(zip(sources, paths)):
+            if source not in PATH_SOURCES or not isinstance(path, str) or "://" in path:
+                continue
+            key = f"config.DATA.{split}.DATA_PATHS[{i}]"
+            dataset = f" (dataset {names[i]})" if i < len(names) else ""
+            if not os.path.exists(path):
+                raise ConfigError(f"{key}: {source} path {path}{dataset} does not exist")
+            if source == "disk_folder" and os.path.isdir(path) and count_images(path) == 0:
+                raise ConfigError(
+                    f"{key}: {source} path {path}{dataset} holds no images in class sub-folders "
+                    "(torchvision ImageFolder layout <path>/<class>/<image>)"
+                )
+
+
+def install() -> None:
+    """Run :func:`~vissl_swav_plugin.config.validation.run_launch_checks` first in VISSL's
+    ``launch_distributed`` and ``launch_distributed_on_slurm`` (the launcher process, before
+    any worker or SLURM job), through the compat engine (patch ``plugin_launch_checks``:
+    listed by ``compat.applied()``, undone by ``compat.disabled("plugin_launch_checks")``)."""
+    import functools
+
+    from vissl_swav_plugin import compat
+
+    def plugin_launch_checks():
+        from vissl.utils import distributed_launcher as dl
+
+        for attr in ("launch_distributed", "launch_distributed_on_slurm"):
+            inner = compat.raw(dl, attr)
+
+            @functools.wraps(inner)
+            def launch(*args, _inner=inner, **kwargs):
+                run_launch_checks(kwargs["cfg"] if "cfg" in kwargs else args[0])
+                return _inner(*args, **kwargs)
+
+            compat.patch("plugin_launch_checks", dl, attr, launch)
+
+    compat.register(plugin_launch_checks, now=True)
+
+
+install()

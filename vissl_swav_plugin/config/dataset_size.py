@@ -33,7 +33,7 @@ def train_dataset_size(cfg) -> Optional[int]:
     if not paths or not isinstance(paths[0], str):
         return None
     if sources[0] == "disk_folder" and os.path.isdir(paths[0]):
-        return _count_images(paths[0]) or None  # none: the dataset checks name the folder
+        return count_images(paths[0]) or None  # none: the dataset checks name the folder
     if sources[0] == "disk_filelist" and paths[0].endswith(".npy") and os.path.isfile(paths[0]):
         import numpy as np
 
@@ -44,7 +44,7 @@ def train_dataset_size(cfg) -> Optional[int]:
     return None
 
 
-def _count_images(root: str) -> int:
+def count_images(root: str) -> int:
     """Images in the class folders of an ImageFolder ``root`` (as torchvision counts)."""
     n = 0
     for entry in os.scandir(root):

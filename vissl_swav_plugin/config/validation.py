@@ -15,6 +15,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 _INFERENCE: Dict[str, Callable] = {}
 _CROP_COUNTERS: Dict[str, Callable] = {}
 _CHECKS: List[Callable] = []
+_LAUNCH_CHECKS: List[Callable] = []
 _GLOBAL_INFERENCE: Dict[str, Callable] = {}
 
 
@@ -38,6 +39,32 @@ def register_config_check(fn):
     if fn not in _CHECKS:
         _CHECKS.append(fn)
     return fn
+def register_launch_check(fn):
+    """Decorator: ``fn(cfg)`` checks a run when it is *launched*, not when its config is
+    composed: in the launcher process, before any worker starts (VISSL's
+    ``launch_distributed`` and ``launch_distributed_on_slurm`` run :func:`run_launch_checks`
+    first, patch ``plugin_launch_checks``).  For the checks that need the whole run: head
+    against trunk width, dataset size against batch and processes, data paths.  A plain
+    composition (a config browser, VISSL's own tests, a script that composes and then
+    changes the trunk) does not run them.  ``fn`` raises :class:`ConfigError` naming the keys."""
+    if fn not in _LAUNCH_CHECKS:
+        _LAUNCH_CHECKS.append(fn)
+    return fn
+
+
+def launch_checks() -> List[Callable]:
+    """The registered launch checks, in registration order."""
+    return list(_LAUNCH_CHECKS)
+
+
+def run_launch_checks(cfg) -> None:
+    """Run every launch check (:func:`register_launch_check`) on a composed config.  VISSL's
+    launchers call it through the patched ``launch_distributed``; a launcher of your own that
+    starts workers in another way calls it itself, before the first worker."""
+    for check in _LAUNCH_CHECKS:
+        check(cfg)
+
+
 def register_global_inference(name: str):
     """Decorator: ``fn(cfg)`` runs (after VISSL's inference, before the loss's) for every
     config, whatever its loss; ``name`` identifies it (re-registering replaces it)."""

@@ -18,6 +18,7 @@ import torch
 from vissl_swav_plugin.config.validation import (
     ConfigError,
     check_known_keys,
+    register_launch_check,
     require_int,
     require_int_list,
     require_positive_number,
@@ -101,7 +102,6 @@ def infer_clustering_loss_config(cfg, loss_cls):
         lc.num_train_samples = -1  # filled in by VISSL from the training dataset
     require_choice(lc, "init_bank_forward", INIT_BANK_FORWARDS, prefix)
     loss_cls.validate_method_config(lc, prefix)
-    check_clusters_fit_dataset(cfg, loss_name)
     return cfg
 
 
@@ -329,3 +329,14 @@ def check_clusters_fit_dataset(cfg, loss_name: str) -> None:
             f"config.LOSS.{loss_name}.num_clusters={clusters} has {max(clusters)} clusters but the "
             f"training set has {n} samples (config.DATA.TRAIN): at most {n} clusters can be non-empty"
         )
+
+
+@register_launch_check
+def check_clusters_of_the_run(cfg) -> None:
+    """At launch: a memory-bank clustering loss (a :class:`ClusteringChecksMixin` in Classy
+    Vision's loss registry) has no more clusters than training samples."""
+    from classy_vision.losses import LOSS_REGISTRY
+
+    cls = LOSS_REGISTRY.get(cfg.LOSS.name)
+    if isinstance(cls, type) and issubclass(cls, ClusteringChecksMixin) and cfg.LOSS.name in cfg.LOSS:
+        check_clusters_fit_dataset(cfg, cfg.LOSS.name)
