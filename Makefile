@@ -1,4 +1,5 @@
-# The two commands of this project:  `make demo` (main job) and `make test`.
+# The two commands of this project:  `make demo` (main job) and `make test` (everything; CI).
+# `make test-fast`: the unit tests only (tests/unit: no process started, a few minutes).
 # Both create or reuse .venv and install everything on a bare machine.
 PY      ?= python3.11
 VENV    ?= .venv
@@ -6,7 +7,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.deps-$(shell cat requirements-host.txt setup.py vissl_swav_plugin.pth | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo bench clean-venv
+.PHONY: venv test test-fast lint demo bench clean-venv
 
 venv: $(STAMP)
 
@@ -17,6 +18,13 @@ $(STAMP): requirements-host.txt setup.py vissl_swav_plugin.pth
 
 test: venv
 	$(VPY) -m pytest tests $(PYTEST_ARGS)
+
+test-fast: venv
+	$(VPY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# the architecture contracts alone (also checked by tests/unit/test_layers.py)
+lint: venv
+	$(VENV)/bin/lint-imports --config .importlinter --no-cache
 
 demo: venv
 	$(VPY) tools/demo.py

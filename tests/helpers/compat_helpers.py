@@ -334,7 +334,7 @@ def load_images(folder):
     return x, y
 
 
-from _reference import reference_knn  # noqa: E402,F401  (H.reference_knn: one copy, in tests/_reference.py)
+from reference_swav import reference_knn  # noqa: E402,F401  (H.reference_knn: one copy, in tests/reference_swav.py)
 
 
 def voc_ap(targets, scores):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 
 

@@ -12,7 +12,7 @@ implementation:
   benchmark of the papers and of VISSL), in NumPy.
 
 A plain module (``tests/`` is not a package: VISSL owns the name); import it as
-``from _reference import paper_sinkhorn``.
+``from reference_swav import paper_sinkhorn``.
 """
 import numpy as np
 import torch

@@ -7,7 +7,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from conftest import HANG_S, STOCK_LAUNCHER, launcher_env
+from testkit import HANG_S, STOCK_LAUNCHER, launcher_env
 
 
 class Run:

@@ -1,13 +1,14 @@
-"""Shared fixtures/helpers.  ``tests/`` is not a package (VISSL owns the top-level name)."""
+"""Shared test helpers: launching VISSL's launcher and gloo workers, composing configs, small
+image folders.  ``tests/`` is not a package (VISSL owns the top-level name ``tests``):
+``tests/conftest.py`` puts this folder on ``sys.path``."""
 import os
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
-import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: Bound for a *hung* subprocess (seconds), never a speed requirement: far above what any
 #: run needs on an idle machine, so a busy one does not fail the suite.  Scale it with
 #: VISSL_SWAV_PLUGIN_TEST_HANG_S (pytest.ini's per-test ``timeout`` is 3600 s).
@@ -106,11 +107,6 @@ def compose(overrides):
     cfg = compose_hydra_configuration(list(overrides))
     _, config = convert_to_attrdict(cfg, dump_config=False)
     return config
-
-
-@pytest.fixture
-def repo():
-    return REPO
 
 
 def _free_port():

@@ -51,6 +51,10 @@ Patches (in the order they are applied), by module:
     and validation of the plugin's losses.
 :mod:`vissl_swav_plugin.hooks.registry`
     ``plugin_loss_hooks`` -- VISSL's ``add_loss_hooks`` also adds the plugin's loss hooks.
+:mod:`vissl_swav_plugin.checks.run_wide`
+    ``plugin_launch_checks`` -- VISSL's ``launch_distributed`` / ``launch_distributed_on_slurm``
+    first run the plugin's launch checks (head against trunk, dataset size, data paths), in
+    the launcher process before any worker starts.
 
 Checked and found working on this stack (no patch): Hydra 1.3 composition of VISSL's
 configs (``defaults: [_self_, config: ???]``; keys VISSL lacks need ``+``), ``pkg_resources``

@@ -62,6 +62,7 @@ PATCH_MODULES = [
     "vissl_swav_plugin.compat.signals",
     "vissl_swav_plugin.config.validation",
     "vissl_swav_plugin.hooks.registry",
+    "vissl_swav_plugin.checks.run_wide",
 ]
 
 _lock = threading.RLock()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PACKAGE = "vissl_swav_plugin"
 #: the bottom layer's modules (``vissl_swav_plugin/utils``), found on disk
 UTILS = sorted(f"{PACKAGE}.utils.{p.stem}" for p in (REPO / PACKAGE / "utils").glob("*.py") if p.stem != "__init__")
@@ -77,9 +77,19 @@ def test_no_import_cycle_in_the_package():
 
 def test_import_linter_contracts_are_kept(capsys):
     """``lint-imports`` with the repository's ``.importlinter``: every contract kept."""
+    import logging
+
     from importlinter.cli import lint_imports
 
-    code = lint_imports(config_filename=str(REPO / ".importlinter"), no_cache=True, no_logo=True)
+    # lint_imports configures logging with dictConfig, which disables every existing logger
+    # of this process: restore them for the tests that follow
+    loggers = [lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    disabled = {lg: lg.disabled for lg in loggers}
+    try:
+        code = lint_imports(config_filename=str(REPO / ".importlinter"), no_cache=True, no_logo=True)
+    finally:
+        for lg, flag in disabled.items():
+            lg.disabled = flag
     out = capsys.readouterr().out
     assert code == 0, out
     assert "2 kept, 0 broken" in out

@@ -1,0 +1,15 @@
+"""VISSL's stock launcher runs the plugin's launch checks in the launcher process: a VISSL
+head fragment for RegNet trunks on the default ResNet-50 trunk fails there, naming both
+widths, before any worker starts: before VISSL's ``launch_distributed`` even creates the
+checkpoint folder (its first action after reading the config)."""
+from testkit import run_launcher
+
+
+def test_stock_launcher_refuses_a_head_wider_than_the_trunk_before_any_worker(tmp_path):
+    proc = run_launcher(["config=pretrain/swav/heads/d10444_d8192_d8192_d256_proto16k", "config.MACHINE.DEVICE=cpu",
+                         "config.DISTRIBUTED.NUM_PROC_PER_NODE=2", f"config.CHECKPOINT.DIR={tmp_path / 'ckpt'}",
+                         "config.DATA.TRAIN.DATA_SOURCES=[synthetic]", "config.DATA.TRAIN.DATASET_NAMES=[synthetic]"],
+                        cwd=tmp_path, check=False)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "dims[0]=10444 but the trunk MODEL.TRUNK.NAME=resnet outputs 2048 features" in proc.stdout, proc.stdout[-3000:]
+    assert not (tmp_path / "ckpt").exists()

@@ -1,0 +1,195 @@
+"""DeepCluster-v2 and SeLa-v2 in VISSL: the tests that start processes (VISSL's launcher, gloo workers, subprocesses).
+
+The in-process tests are in ``tests/unit/losses/test_deepcluster_sela_e2e.py``.
+"""
+import os
+import re
+import shutil
+
+import pytest
+import torch
+
+from testkit import HANG_S, compose, run_launcher
+from vissl_swav_plugin.utils.clustering import sela_assign, spherical_kmeans
+from vissl_swav_plugin.utils.memory_bank import IGNORE_INDEX
+from deepcluster_sela_e2e_cases import load  # noqa: F401
+
+
+N = 32  # DATA_LIMIT of the quick configs
+METHODS = {
+    "dc": dict(
+        config="pretrain/deepcluster_v2/deepclusterv2_quick_cpu",
+        loss="deepclusterv2_plugin_loss",
+        # fp64 k-means: one process and two processes then agree bit for bit
+        extra=["config.LOSS.deepclusterv2_plugin_loss.kmeans_dtype=float64"],
+    ),
+    "sela": dict(config="pretrain/sela_v2/selav2_quick_cpu", loss="selav2_plugin_loss", extra=[]),
+}
+
+
+def protos(ck, h):
+    return ck["classy_state_dict"]["base_model"]["model"]["heads"][f"0.prototypes{h}.weight"]
+
+
+@pytest.fixture(scope="module", params=sorted(METHODS))
+def runs(request, tmp_path_factory):
+    m = METHODS[request.param]
+    root = tmp_path_factory.mktemp(f"e2e_{request.param}")
+    ck_a, ck_b = root / "a", root / "b"
+    base = [f"config={m['config']}"] + m["extra"]
+    a = run_launcher(base + [f"config.CHECKPOINT.DIR={ck_a}"], cwd=root)
+    # resume from the epoch-0 checkpoint alone, in a fresh folder
+    ck_b.mkdir()
+    shutil.copy(ck_a / "model_phase0.torch", ck_b / "model_phase0.torch")
+    os.symlink("model_phase0.torch", ck_b / "checkpoint.torch")
+    b = run_launcher(base + [f"config.CHECKPOINT.DIR={ck_b}"], cwd=root)
+    return dict(
+        method=request.param,
+        loss=m["loss"],
+        log_a=a.stdout,
+        log_b=b.stdout,
+        a0=load(ck_a / "model_phase0.torch"),
+        a1=load(ck_a / "model_final_checkpoint_phase1.torch"),
+        b1=load(ck_b / "model_final_checkpoint_phase1.torch"),
+    )
+
+
+def test_both_ranks_label_epoch1_from_the_epoch0_bank(runs):
+    name, log = runs["loss"], runs["log_a"]
+    for rank in (0, 1):
+        assert re.search(rf"{name}: rank {rank}: epoch 0: pseudo-labels from the memory bank filled in "
+                         rf"the initial forward pass \({N} rows over 2 processes\)", log)
+        assert re.search(rf"{name}: rank {rank}: epoch 1: pseudo-labels from the memory bank filled in "
+                         rf"epoch 0 \({N} rows over 2 processes\); samples labelled per clustering: "
+                         rf"\[{N}, {N}, {N}\]", log)
+    losses = [float(x) for x in re.findall(r"loss: ([-\d.eE+naif]+);", log)]
+    assert len(losses) == 8 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_checkpoint_holds_the_whole_bank_of_both_ranks(runs):
+    for ck, epoch in ((runs["a0"], 0), (runs["a1"], 1)):
+        st = ck["loss"]
+        assert int(st["memory_epoch"]) == epoch and int(st["assign_epoch"]) == epoch
+        # every sample once: the two processes' rows (16 each), gathered at the epoch end
+        assert torch.equal(st["memory_ids"], torch.arange(N))
+        emb = st["memory_embeddings"]
+        assert emb.shape == (2, N, 16)  # crops_for_mb [0, 1], embedding_dim 16
+        assert torch.allclose(emb.norm(dim=2), torch.ones(2, N), atol=1e-5)
+        assert (st["assignments"] != IGNORE_INDEX).all()
+    # epoch 1 refilled the bank with new features
+    assert not torch.allclose(runs["a0"]["loss"]["memory_embeddings"], runs["a1"]["loss"]["memory_embeddings"])
+
+
+def test_epoch1_labels_are_recomputed_from_the_epoch0_bank(runs):
+    a0, a1 = runs["a0"]["loss"], runs["a1"]["loss"]
+    bank_ids, bank = a0["memory_ids"], a0["memory_embeddings"]
+    for h in range(3):
+        x = bank[h % 2]
+        if runs["method"] == "dc":
+            c, a, _ = spherical_kmeans(x, bank_ids, 8, 10, id_space=N, seed=0 + 1000003 * 1 + h,
+                                       dtype=torch.float64)
+            assert torch.allclose(a1[f"centroids{h}"], c.float(), atol=1e-6)
+        else:
+            # the prototypes at the start of epoch 1 are those saved at the end of epoch 0
+            a = sela_assign(x, protos(runs["a0"], h), epsilon=0.01, num_iters=200, dtype=torch.float64)
+            counts = torch.bincount(a, minlength=8)
+            assert counts.min() >= 2 and counts.max() <= 6, counts  # ~ equipartition (N/K = 4)
+        expect = torch.full((N,), IGNORE_INDEX, dtype=torch.long)
+        expect[bank_ids] = a
+        assert torch.equal(a1["assignments"][h], expect), h
+
+
+def test_resume_keeps_bank_and_pseudo_labels(runs):
+    log_b = runs["log_b"]
+    name = runs["loss"]
+    for rank in (0, 1):
+        assert re.search(rf"{name}: rank {rank}: memory bank restored \(16 of {N} rows, filled in epoch 0\)", log_b)
+        assert re.search(rf"{name}: rank {rank}: epoch 1: pseudo-labels from the memory bank filled in epoch 0", log_b)
+    assert "filling the memory bank with a forward pass" not in log_b  # no new initial pass
+    a1, b1 = runs["a1"]["loss"], runs["b1"]["loss"]
+    assert torch.equal(b1["assignments"], a1["assignments"])
+    if runs["method"] == "dc":
+        for h in range(3):
+            assert torch.allclose(b1[f"centroids{h}"], a1[f"centroids{h}"], atol=1e-6)
+
+
+def test_prototype_heads(runs):
+    a0, a1 = runs["a0"], runs["a1"]
+    for h in range(3):
+        p0, p1 = protos(a0, h), protos(a1, h)
+        assert torch.allclose(p1.norm(dim=1), torch.ones(8), atol=1e-5)
+        if runs["method"] == "dc":
+            # frozen head = the centroids of the epoch, untouched by a whole epoch of SGD
+            # (lr 0.1, momentum, weight decay)
+            assert torch.equal(p0, a0["loss"][f"centroids{h}"])
+            assert torch.equal(p1, a1["loss"][f"centroids{h}"])
+            assert torch.equal(protos(runs["b1"], h), runs["b1"]["loss"][f"centroids{h}"])
+        else:
+            assert not torch.allclose(p0, p1), "SeLa-v2 prototypes are learned"
+
+
+# ------------------------------------------------------------------ real images (opt-in)
+SLOW = os.environ.get("VISSL_SWAV_PLUGIN_SLOW_TESTS") == "1"
+KNN_SEED = int(os.environ.get("VISSL_SWAV_PLUGIN_KNN_SEED", "0"))  # to measure the margin over seeds
+# Margins (20-NN top-1, fraction) over the mean of 3 random inits, from runs with
+# VISSL_SWAV_PLUGIN_KNN_SEED=0 / 1 on the 2-core machine (2026-11-22, ~1.5 min per run):
+#   DC-v2:   71.0 vs 66.2 (+4.8), 71.3 vs 66.6 (+4.7)  -> asserted +2 points, in `make test`
+#            with the reference defaults (random k-means init, empty clusters kept, per-crop
+#            first bank; 2026-11-23): 71.7 vs 66.2 (+5.5), 72.7 vs 66.6 (+6.1)
+#   SeLa-v2: 70.0 vs 66.2 (+3.8), 68.4 vs 66.6 (+1.8)  -> asserted +1 point, opt-in
+#            (VISSL_SWAV_PLUGIN_SLOW_TESTS=1): its gain varies too much at this size for CI
+#            (not re-measured since the first-epoch prototype freeze became the default)
+KNN_MIN_GAIN = {"dc": 0.02, "sela": 0.01}
+KNN_OPT_IN = {"sela"}
+KNN_METHODS = {
+    "dc": ("pretrain/deepcluster_v2/deepclusterv2_quick_cpu", "deepclusterv2_plugin_head"),
+    "sela": ("pretrain/sela_v2/selav2_quick_cpu", "swav_plugin_head"),
+}
+
+
+@pytest.mark.parametrize("method", [
+    pytest.param(m, marks=pytest.mark.skipif(
+        m in KNN_OPT_IN and not SLOW,
+        reason="opt-in (VISSL_SWAV_PLUGIN_SLOW_TESTS=1): SeLa-v2's kNN gain at this size varies too much "
+               "across seeds (+1.8 to +3.8 points) for a CI assertion"))
+    for m in sorted(KNN_METHODS)
+])
+def test_knn_beats_random_init_on_fashion_mnist(method, tmp_path):
+    """1000 Fashion-MNIST training images (100 per class, 32 px), 20 epochs, 2 processes;
+    20-NN top-1 on 1000 test images of the trunk's features vs the same trunk at random
+    init (mean of 3 initialisations); margins measured over two seeds (see KNN_MIN_GAIN)."""
+    import subprocess
+    import sys
+
+    from clustering_helpers import knn_accuracy
+    from testkit import REPO
+
+    data = tmp_path / "fm"
+    subprocess.run([sys.executable, str(REPO / "tools" / "prepare_fashion_mnist.py"), "--out", str(data),
+                    "--limit-per-class", "100", "--size", "32", "--rgb", "--format", "folder"], check=True)
+    cfg_name, head = KNN_METHODS[method]
+    over = [
+        f"config={cfg_name}",
+        "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", "config.DATA.TRAIN.DATASET_NAMES=[fashion_mnist_folder]",
+        f"config.DATA.TRAIN.DATA_PATHS=[{data / 'train'}]", f"config.DATA.TRAIN.LABEL_PATHS=[{data / 'train'}]",
+        "config.DATA.TRAIN.DATA_LIMIT=-1", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32",
+        "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.WIDTH=16",
+        f"config.MODEL.HEAD.PARAMS=[[{head},{{dims:[128,128,32],use_bn:True,num_clusters:[10,10,10]}}]]",
+        "config.OPTIMIZER.num_epochs=20", "config.OPTIMIZER.use_larc=True",
+        "+config.OPTIMIZER.larc_config={clip:False,trust_coefficient:0.001,eps:1e-8}",
+        "config.OPTIMIZER.param_schedulers.lr={name:cosine,start_value:1.2,end_value:0.0012,update_interval:step}",
+        "config.LOG_FREQUENCY=50",
+    ]
+    over.append(f"config.SEED_VALUE={KNN_SEED}")
+    ckdir = tmp_path / "ck"
+    run_launcher(over + [f"config.CHECKPOINT.DIR={ckdir}"], cwd=tmp_path, timeout=HANG_S)
+    cfg = compose(over)
+    # baseline: mean over 3 random inits, the first the training's own start (VISSL seeds
+    # rank 0 with SEED_VALUE * num_epochs); one init alone is a noisy baseline
+    inits = [KNN_SEED * 20 + 1000 * j for j in range(3)]
+    per_init = [knn_accuracy(cfg, data / "train", data / "val", seed=s) for s in inits]
+    random_init = sum(per_init) / len(per_init)
+    trained = knn_accuracy(cfg, data / "train", data / "val", ckdir / "model_final_checkpoint_phase19.torch")
+    print(f"{method} seed {KNN_SEED}: kNN top-1 trained {trained:.4f} vs random init {random_init:.4f} "
+          f"(inits {[round(a, 4) for a in per_init]})")
+    assert trained >= random_init + KNN_MIN_GAIN[method]
