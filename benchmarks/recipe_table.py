@@ -1,4 +1,4 @@
-"""The demo's recipes on several image sets and seeds: the README's "Collapse: what we measured"
+"""The demo's recipes on several image sets and seeds: docs/experiments/collapse.md
 table (collapse detector, loss, kNN of SwAV vs random init vs raw pixels), measured by running
 the shipped ``tools/demo.py`` with nothing changed but ``--source`` and ``--seed``.
 
@@ -18,7 +18,7 @@ every finished run under OUT, from this invocation and earlier ones, with its ex
 A run whose demo exits non-zero is a "failed" row; the other runs still go ahead, and the command
 then exits 1, naming each failed run and its log.
 OUT/quality.md sums the runs up per recipe and set: SwAV's kNN mean ± standard deviation over the
-seeds at 20-NN, 200-NN and 5-NN beside the random-init and raw-pixel means (the README's tables).
+seeds at 20-NN, 200-NN and 5-NN beside the random-init and raw-pixel means (the tables of docs/experiments/recipe.md).
 """
 import argparse
 import json
@@ -141,7 +141,7 @@ KNN_KEYS = (("knn20", "20-NN"), ("knn200", "200-NN"), ("nn5_euclid", "5-NN"))
 def quality(rows):
     """Per recipe, set and extra arguments, over the finished runs' seeds: SwAV's kNN mean and
     sample standard deviation at each k, the random-init and raw-pixel means, and SwAV's
-    mean margins over both (issue 14's goals: +2 over raw pixels at every k, +8 over random
+    mean margins over both (the recipe goals: +2 over raw pixels at every k, +8 over random
     init).  Returns a list of dicts, one per group, in the order the groups first appear."""
     groups = {}
     for r in rows:

@@ -30,8 +30,8 @@ DESCRIPTION = "`make demo`: SwAV on Fashion-MNIST on a few CPU cores, end to end
 # collapse but cost 4 points of 20-NN on Fashion-MNIST in the one seed measured), predicts
 # with temperature 0.2 instead of the paper's 0.1 and re-estimates the trunk's BatchNorm
 # statistics at the end (HOOKS.PRECISE_BN): at 0.1 the quick run collapsed on Animal-MNIST
-# (issue 15), at 0.2 it learned there (README, "Collapse: what we measured").  The full mode
-# keeps the paper's 0.1 and re-estimates the BatchNorm statistics too (README, "The demo").
+# (docs/experiments/collapse.md), at 0.2 it learned there.  The full mode keeps the
+# paper's 0.1 and re-estimates the BatchNorm statistics too (docs/demo.md).
 MODES = {
     "full": dict(train_per_class=1000, test_per_class=1000, iters=1404, epochs=None, batch=64, queue=0,
                  freeze=100, prototypes=100, temperature=0.1, precise_bn=True, color_strength=None,
@@ -109,7 +109,7 @@ def build_parser():
     """The demo's ``argparse`` parser (every option of ``tools/demo.py``)."""
     ap = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="smaller run (5000 train / 1000 test images, 468 iterations; 4-13 min on 2 CPU cores); used by the tests")
+                    help="smaller run (5000 train / 1000 test images, 468 iterations; 2.5 min on a 2-core Intel Xeon, about twice that on a 2-core AMD EPYC); used by the tests")
     ap.add_argument("--out", default=str(REPO / "demo_output"), help="report folder (default demo_output/)")
     ap.add_argument("--data-dir", default=str(REPO / "data"),
                     help="where the Fashion-MNIST ImageFolder is written / reused (default data/)")

@@ -315,5 +315,5 @@ def print_summary(results, protos, n_train, n_test, times, png, json_path, colla
     if collapse:
         print(f"\nWARNING: the collapse detector fired during training ({len(collapse)} warning(s)); the SwAV "
               f"figures above come from a collapsed run.\n  {collapse[0].splitlines()[0]}\n  The whole message "
-              f"(causes, config keys to change): {train_log}; README \"Troubleshooting: Loss stuck at ln(K)\".",
+              f"(causes, config keys to change): {train_log}; docs/troubleshooting.md.",
               file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ from vissl_swav_plugin.transforms.multicrop_config import WARMUP_LINEAR
 
 _TEMPERATURE = "the predictions' softmax temperature: 0.1 in the paper; a large one makes them uniform"
 _SWAV_TEMPERATURE = ("the predictions' softmax temperature, 0.1 in the paper: 0.2 stopped the quick demo's collapse "
-                     "at the start of training on small images (README, \"Collapse: what we measured\")")
+                     "at the start of training on small images (docs/experiments/collapse.md)")
 #: loss-specific config keys to change, with the advice (``LOSS.<name>.<key>``)
 LOSS_ADVICE = {
     "swav_plugin_loss": [
@@ -53,7 +53,7 @@ _CAUSES = ("a learning rate too high for the batch size, prototypes released too
 
 _COLOR = ("a lower color_strength, or a weaker one for the first iterations only (color_warmup_iters / "
           "color_warmup_strength / color_warmup_schedule) (on blurry, low-detail images the colour distortion can erase what two crops "
-          "of one image share: README \"Collapse: what we measured\", the upscaled digits)")
+          "of one image share: docs/experiments/collapse.md, the upscaled digits)")
 
 
 def run_context(cfg) -> dict:

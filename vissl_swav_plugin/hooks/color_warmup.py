@@ -1,6 +1,6 @@
 """A weaker colour distortion for the first epochs (``multicrop_plugin``'s ``color_warmup_*`` keys).
 
-Why (README, "Collapse: what we measured", fifth and sixth rounds): on sklearn's upscaled 8x8
+Why (docs/experiments/collapse.md, fifth and sixth rounds): on sklearn's upscaled 8x8
 digits the demo recipe collapsed within its first ~70 iterations whenever the two global crops --
 the ones the codes are computed from -- were colour-distorted at strength 0.35 or more, while
 Fashion-MNIST loses 1.5-2.7 points of kNN accuracy when trained at a lower strength throughout.

@@ -6,8 +6,7 @@ forward calls) ends up dominated by the small crops.  Features extracted in eval
 the checkpoint -- VISSL's kNN / linear benchmarks, the demo's kNN -- then normalise full-size
 images with small-crop statistics.  Measured on the demo's quick run (Fashion-MNIST, 2x28 +
 4x16 crops, 2026-11-23): with this hook one run's 20-NN went from 73.7% to 75.2%; re-estimating
-on full 28-px images after training gave 75.9%, and 72.8% -> 75.0% in a second run (README,
-"BatchNorm statistics of multi-crop checkpoints").
+on full 28-px images after training gave 75.9%, and 72.8% -> 75.0% in a second run (docs/multicrop_and_trunks.md).
 
 What: at the end of the last training epoch (or of every epoch with ``EVERY_PHASE``), before
 VISSL's checkpoint hook saves the model, :class:`PreciseBatchNormHook` resets the trunk's

@@ -44,8 +44,7 @@ class SwAVPluginHead(nn.Module):
         output_bn: BatchNorm without affine parameters on the projection's output, before
             the L2 normalisation (not in the paper or the reference: off by default).  It
             centres the embeddings over the batch, so that no input-independent part of
-            ``z`` can dominate every sample's prototype scores (README, "Collapse: what we
-            measured").
+            ``z`` can dominate every sample's prototype scores (docs/experiments/collapse.md).
     """
 
     def __init__(

@@ -1,5 +1,5 @@
 """Two more small grayscale image sets in Fashion-MNIST's layout, for ``tools/demo.py --source``:
-the sets on which the demo's recipes are checked beside Fashion-MNIST (README, "Collapse: what
+the sets on which the demo's recipes are checked beside Fashion-MNIST (docs/experiments/collapse.md,
 we measured").
 
 * ``animal_mnist``: Animal-MNIST (PyPI ``animal-mnist``, 10 classes, 10,000 images of 28x28),

@@ -12,7 +12,7 @@ brightness or contrast change of the crop -- an affine map ``a x + b`` of its pi
 ``a > 0``, nothing clipped -- then leaves the network's input unchanged; the colour
 jitter's brightness and contrast act only through clipping.  On gray images those are the
 only parts of the jitter that act, and they were what made the swapped prediction lose to
-the trivial solution on sklearn's 8x8 digits (README, "Collapse: what we measured").  The
+the trivial solution on sklearn's 8x8 digits (docs/experiments/collapse.md).  The
 dataset's mean/std are then not needed either (``swav-plugin-mean-std`` is unnecessary).
 
 The same map must be applied when the trained trunk is evaluated: ``per_image_standardize_plugin``
