@@ -25,6 +25,7 @@ CONSOLE_SCRIPTS = [
     "swav-plugin-to-detectron2 = vissl_swav_plugin.tools.to_detectron2:main",
     "swav-plugin-knn = vissl_swav_plugin.tools.knn_eval:main",
     "swav-plugin-label-subsets = vissl_swav_plugin.tools.label_subsets:main",
+    "swav-plugin-eval = vissl_swav_plugin.tools.feature_eval:main",
 ]
 
 

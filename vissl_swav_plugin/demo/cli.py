@@ -93,7 +93,8 @@ def main(argv=None):
         print(f"demo: error: {e}", file=sys.stderr)
         return 2
     print_summary(evaluation.results, evaluation.protos, len(data["train_y"]), len(data["test_y"]), times,
-                  png, setup.out / REPORT_JSON, collapse=train.collapse, train_log=setup.train_log)
+                  png, setup.out / REPORT_JSON, collapse=train.collapse, train_log=setup.train_log,
+                  probes=evaluation.probes)
     return 0
 
 
@@ -122,6 +123,11 @@ def build_parser():
     ap.add_argument("--random-inits", type=int, default=5,
                     help="random initialisations averaged for the random-init baseline (default 5; the "
                          "first is the training's own starting point)")
+    ap.add_argument("--probes", choices=["on", "off"], default="on",
+                    help="linear probe (every training label) and low-shot probes (1, 10, 100 labels per "
+                         "class) of the same features beside the kNN (default on)")
+    ap.add_argument("--probe-draws", type=int, default=5,
+                    help="random draws of the labelled images per low-shot size (default 5)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads per training process (default: cores / procs)")
     ap.add_argument("--amp", choices=["auto", "on", "off"], default="auto",
@@ -173,6 +179,8 @@ def parse_args(argv=None):
             ap.error(f"--{key.replace('_', '-')} must be >= {smallest}")
     if args.random_inits < 1:
         ap.error("--random-inits must be >= 1")
+    if args.probe_draws < 1:
+        ap.error("--probe-draws must be >= 1")
     return args, mode
 
 
@@ -260,12 +268,22 @@ def training_step(setup, data):
 def evaluation_step(setup, data, train):
     """[3/4] kNN of SwAV / random-init / raw-pixel features (:func:`.evaluation.evaluate`);
     returns the :class:`EvaluationRun`."""
-    print("[3/4] evaluation: res5avg features of the VISSL model (checkpoint loaded in-process), kNN",
+    what = "kNN, linear and low-shot probes" if setup.args.probes == "on" else "kNN"
+    print(f"[3/4] evaluation: res5avg features of the VISSL model (checkpoint loaded in-process), {what}",
           flush=True)
     t = time.time()
-    config, results, protos, timings = evaluate(train.overrides, train.checkpoint, data, setup.args.seed,
-                                                setup.args.random_inits)
-    return EvaluationRun(config=config, results=results, protos=protos, timings=timings, wall_s=time.time() - t)
+    probes = probe_settings(setup) if setup.args.probes == "on" else None
+    config, results, protos, timings, probe_results = evaluate(
+        train.overrides, train.checkpoint, data, setup.args.seed, setup.args.random_inits, probes=probes)
+    return EvaluationRun(config=config, results=results, protos=protos, timings=timings, wall_s=time.time() - t,
+                         probes=probe_results)
+
+
+def probe_settings(setup):
+    """The linear / low-shot probes' settings (:func:`vissl_swav_plugin.utils.probes.probe_report`):
+    1, 10 and 100 labels per class, ``--probe-draws`` draws each, ``C`` chosen on 10% of the
+    training images, seeded with ``--seed``."""
+    return dict(shots=(1, 10, 100), draws=setup.args.probe_draws, val_fraction=0.1, seed=setup.args.seed)
 
 
 def report_step(setup, clock, data, train, evaluation, t_data):
@@ -277,7 +295,8 @@ def report_step(setup, clock, data, train, evaluation, t_data):
     png = setup.out / REPORT_PNG
     meta = figure_meta(setup, evaluation.config, evaluation.results, len(data["train_y"]), len(data["test_y"]),
                        train.wall_s, collapsed=bool(train.collapse))
-    make_figure(png, train.curve, evaluation.results, evaluation.protos["swav"], data["test_x"], meta)
+    make_figure(png, train.curve, evaluation.results, evaluation.protos["swav"], data["test_x"], meta,
+                probes=evaluation.probes)
     times = dict(data=t_data, train=train.wall_s, evaluation=evaluation.wall_s, report=time.time() - t)
     times.update(total=clock.elapsed(), before_figure=before_figure)
     report = build_report(setup, clock, data, train, evaluation, times, png)

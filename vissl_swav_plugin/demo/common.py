@@ -136,10 +136,13 @@ class TrainingRun:
 class EvaluationRun:
     """What step 3 (evaluation) hands on: the composed VISSL ``config``, the kNN
     ``results`` and prototype summaries ``protos`` per method, the seconds per model
-    (``timings``) and the step's wall time ``wall_s``."""
+    (``timings``), the step's wall time ``wall_s`` and the linear / low-shot ``probes``
+    per method (:func:`vissl_swav_plugin.utils.probes.probe_report`; empty with
+    ``--probes off``)."""
 
     config: object
     results: dict
     protos: dict
     timings: dict
     wall_s: float
+    probes: dict = field(default_factory=dict)

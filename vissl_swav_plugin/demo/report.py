@@ -1,7 +1,8 @@
 """Step 4 of the demo: the report, OUT/swav_demo_report.png and OUT/swav_demo_report.json.
 
-The figure has three panels: (1) the training loss (and learning rate) per iteration,
+The figure has four panels: (1) the training loss (and learning rate) per iteration,
 (2) kNN top-1 of the SwAV features, the random-init features and the raw pixels, (3) the
+linear and low-shot probes of the same features (top-1 against labels per class), (4) the
 test images of the most-used prototypes.  The JSON holds every figure of the run (times,
 accuracies, prototypes, loss curve, the config).  :func:`print_summary` prints the final
 lines of the command.  matplotlib is imported by :func:`make_figure` only.
@@ -81,8 +82,8 @@ def _set_name(setup):
     return "Fashion-MNIST" if source == Path(FASHION_MNIST).resolve() else source.name
 
 
-def make_figure(path, curve, results, protos, test_x, meta):
-    """Draw the three-panel report figure to ``path`` (PNG).
+def make_figure(path, curve, results, protos, test_x, meta, probes=None):
+    """Draw the report figure to ``path`` (PNG): three panels, four with ``probes``.
 
     Args:
         path: the PNG to write.
@@ -91,6 +92,8 @@ def make_figure(path, curve, results, protos, test_x, meta):
         protos: :func:`~vissl_swav_plugin.demo.evaluation.prototype_summary` of SwAV.
         test_x: the uint8 test images the prototype rows index.
         meta: :func:`figure_meta`'s dict.
+        probes: the linear / low-shot probes per method (``EvaluationRun.probes``); empty
+            or None: no probe panel.
     """
     import matplotlib
 
@@ -98,13 +101,18 @@ def make_figure(path, curve, results, protos, test_x, meta):
     import matplotlib.pyplot as plt
     from matplotlib.gridspec import GridSpec
 
-    fig = plt.figure(figsize=(17, 9.5), dpi=110)
-    gs = GridSpec(2, 2, width_ratios=[1.0, 1.05], height_ratios=[1, 1], wspace=0.18, hspace=0.38,
-                  left=0.05, right=0.985, top=0.88, bottom=0.07)
+    rows = 3 if probes else 2
+    fig = plt.figure(figsize=(17, 9.5 + 4.2 * (rows - 2)), dpi=110)
+    top = 0.88 if rows == 2 else 0.91
+    gs = GridSpec(rows, 2, width_ratios=[1.0, 1.05], height_ratios=[1] * rows, wspace=0.18, hspace=0.42,
+                  left=0.05, right=0.985, top=top, bottom=0.05)
     fig.suptitle(meta["title"], fontsize=15, fontweight="bold")
-    fig.text(0.5, 0.925, meta["subtitle"], ha="center", fontsize=10.5, color="#333333")
+    fig.text(0.5, top + (0.045 if rows == 2 else 0.03), meta["subtitle"], ha="center", fontsize=10.5,
+             color="#333333")
     _plot_loss(fig.add_subplot(gs[0, 0]), curve)
     _plot_knn(fig.add_subplot(gs[1, 0]), results, meta)
+    if probes:
+        _plot_probes(fig.add_subplot(gs[2, 0]), probes, meta)
     _plot_prototypes(fig.add_subplot(gs[:, 1]), protos, test_x, meta)
     fig.savefig(path)
     plt.close(fig)
@@ -205,6 +213,42 @@ def _plot_prototypes(ax, protos, test_x, meta):
                  loc="left", fontweight="bold", fontsize=10.5)
 
 
+PROBE_METHODS = (("swav", "SwAV features (res5avg)", "#2171b5"),
+                 ("random_init", "random-init features (mean of the inits)", "#9e9ac8"),
+                 ("raw_pixels", "raw pixels (784-d)", "#969696"))
+
+
+def _plot_probes(ax, probes, meta):
+    """(3) linear / low-shot top-1 against labels per class (log axis), one line per method;
+    the low-shot points carry the spread (std) over the draws, the rightmost point is the
+    linear probe with every training label."""
+    import numpy as np
+
+    shots = sorted(int(k) for k in probes["swav"]["low_shot"])
+    full = meta["n_train"] // 10  # labels per class of the linear probe (the whole training set)
+    for key, label, color in PROBE_METHODS:
+        r = probes[key]
+        ys = [r["low_shot"][str(k)]["mean"] for k in shots] + [r["linear"]["top1"]]
+        err = [r["low_shot"][str(k)]["std"] for k in shots] + [0.0]
+        xs = shots + [full]
+        ax.errorbar(xs, ys, yerr=err, marker="o", color=color, label=label, capsize=3, lw=1.8)
+        for x, y in zip(xs, ys):
+            ax.text(x, y + 1.0, f"{y:.1f}", ha="center", va="bottom", fontsize=8, color=color)
+    ax.set_xscale("log")
+    ax.set_xticks(shots + [full], [str(k) for k in shots] + [f"all ({full})"])
+    ax.minorticks_off()
+    allv = [v for k, _, _ in PROBE_METHODS for v in
+            [probes[k]["linear"]["top1"]] + [probes[k]["low_shot"][str(s)]["mean"] for s in shots]]
+    ax.set_ylim(max(0.0, np.floor(min(allv) / 5.0) * 5.0 - 5.0), min(100.0, max(allv) + 7.0))
+    ax.set_xlabel("labelled training images per class (logistic regression on frozen features)")
+    ax.set_ylabel("top-1 accuracy on the test images (%)")
+    draws = probes["swav"]["protocol"]["draws"]
+    ax.set_title(f"(3) linear and low-shot probes: mean (std) of {draws} draws; C chosen on 10% of the "
+                 "training images", loc="left", fontweight="bold")
+    ax.legend(loc="lower right", fontsize=8.5, framealpha=0.95)
+    ax.grid(alpha=0.3)
+
+
 def build_report(setup, clock, data, train, evaluation, times, png):
     """The JSON report of a demo run, as a dict.
 
@@ -219,18 +263,20 @@ def build_report(setup, clock, data, train, evaluation, times, png):
         png: the figure's path.
 
     Returns:
-        ``dict(mode, created, summary, collapse_detector, knn, knn_protocols, prototypes, times_s, host,
-        data, config, loss_curve, checkpoint, files)`` (the demo adds ``figure_title``).
+        ``dict(mode, created, summary, collapse_detector, knn, knn_protocols, probes, prototypes,
+        times_s, host, data, config, loss_curve, checkpoint, files)`` (the demo adds
+        ``figure_title``); ``probes`` is ``{}`` with ``--probes off``.
     """
     results, curve = evaluation.results, train.curve
     return dict(
         mode=setup.label,
         created=datetime.datetime.now().isoformat(timespec="seconds"),
-        summary=_summary(results, curve, times["total"], times["train"], train.collapse),
+        summary=_summary(results, curve, times["total"], times["train"], train.collapse, evaluation.probes),
         collapse_detector=dict(fired=bool(train.collapse), warnings=list(train.collapse)),
         knn={k: {m: (round(v, 2) if isinstance(v, float) else v) for m, v in r.items()}
              for k, r in results.items()},
         knn_protocols=dict(KNN_PROTOCOLS),
+        probes=evaluation.probes,
         prototypes={k: {kk: vv for kk, vv in v.items()} for k, v in evaluation.protos.items()},
         times_s=dict(
             total=round(times["total"], 1), data=round(times["data"], 1), train_launcher=round(times["train"], 1),
@@ -251,11 +297,18 @@ def build_report(setup, clock, data, train, evaluation, times, png):
     )
 
 
-def _summary(results, curve, total, train_wall_s, collapse):
+def _summary(results, curve, total, train_wall_s, collapse, probes=None):
     """The report's headline numbers; ``collapse_detected``: the collapse detector warned
-    during training (its messages are the report's ``collapse_detector.warnings``)."""
+    during training (its messages are the report's ``collapse_detector.warnings``); with
+    ``probes`` the linear and low-shot top-1 of each method (``linear_<method>``,
+    ``shot<k>_<method>``)."""
     gain, vs_px = gains(results)
-    return dict(
+    extra = {}
+    for key in ("swav", "random_init", "raw_pixels") if probes else ():
+        extra[f"linear_{key}"] = probes[key]["linear"]["top1"]
+        for k, v in probes[key]["low_shot"].items():
+            extra[f"shot{k}_{key}"] = v["mean"]
+    return dict(extra,
         collapse_detected=bool(collapse),
         knn20_swav=round(results["swav"]["knn20"], 2),
         knn20_random_init=round(results["random_init"]["knn20"], 2),
@@ -295,10 +348,10 @@ def write_json(path, report):
     Path(path).write_text(json.dumps(report, indent=2, default=str) + "\n")
 
 
-def print_summary(results, protos, n_train, n_test, times, png, json_path, collapse, train_log):
-    """The command's closing lines: kNN top-1 per method, prototype use, times, the files, and
-    last, when the collapse detector warned during training (``collapse``), that warning's first
-    line and where its whole message is."""
+def print_summary(results, protos, n_train, n_test, times, png, json_path, collapse, train_log, probes=None):
+    """The command's closing lines: kNN top-1 per method, the linear and low-shot probes
+    (``probes``), prototype use, times, the files, and last, when the collapse detector warned
+    during training (``collapse``), that warning's first line and where its whole message is."""
     print(f"\nkNN top-1 on {n_test} test images (memory bank: the {n_train} training images):")
     for key, name in (("swav", "SwAV"), ("random_init", "random init"), ("raw_pixels", "raw pixels")):
         r = results[key]
@@ -307,6 +360,15 @@ def print_summary(results, protos, n_train, n_test, times, png, json_path, colla
             line += (f"   (mean of {len(r['per_init'])} initialisations; 20-NN "
                      f"{r['range']['knn20'][0]:.2f}-{r['range']['knn20'][1]:.2f}%)")
         print(line)
+    if probes:
+        shots = sorted(probes["swav"]["low_shot"], key=int, reverse=True)
+        head = "".join(f"   {k:>3s}/class" for k in shots)
+        print(f"\nlogistic regression on frozen features, top-1 on {n_test} test images "
+              f"(labels per class; C chosen on 10% of the training images):\n  {'':12s}   all labels{head}")
+        for key, name in (("swav", "SwAV"), ("random_init", "random init"), ("raw_pixels", "raw pixels")):
+            r = probes[key]
+            print(f"  {name:12s}   {r['linear']['top1']:9.2f}%" + "".join(
+                f"   {r['low_shot'][k]['mean']:8.2f}%" for k in shots))
     print(f"prototypes: {protos['swav']['prototypes_used']}/{protos['swav']['num_prototypes']} used on the test "
           f"images, purity {protos['swav']['purity_pct']:.1f}% (random init {protos['random_init']['purity_pct']:.1f}%)")
     print(f"time: total {fmt_secs(times['total'])} (data {times['data']:.0f}s, training {times['train']:.0f}s, "

@@ -1,7 +1,7 @@
 """VISSL's stock launcher runs the plugin's launch checks in the launcher process: a VISSL
 head fragment for RegNet trunks on the default ResNet-50 trunk fails there, naming both
-widths, before any worker starts: before VISSL's ``launch_distributed`` even creates the
-checkpoint folder (its first action after reading the config)."""
+widths, before any worker starts (a worker's first action is to open ``log.txt`` in the
+checkpoint folder; composing the config only dumps it there)."""
 from testkit import run_launcher
 
 
@@ -12,4 +12,4 @@ def test_stock_launcher_refuses_a_head_wider_than_the_trunk_before_any_worker(tm
                         cwd=tmp_path, check=False)
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "dims[0]=10444 but the trunk MODEL.TRUNK.NAME=resnet outputs 2048 features" in proc.stdout, proc.stdout[-3000:]
-    assert not (tmp_path / "ckpt").exists()
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["train_config.yaml"]

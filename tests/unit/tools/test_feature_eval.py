@@ -1,0 +1,86 @@
+"""swav-plugin-eval's own parts: image folders, arguments, the random-init seeds (the
+evaluation itself is checked against the demo's numbers in
+tests/integration/demo/test_real_data_swav_integration.py)."""
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vissl_swav_plugin.tools import feature_eval as fe
+
+
+def _folder(root, classes=("a", "b"), n=3, size=(8, 6), mode="L"):
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            shape = (size[1], size[0]) + (() if mode == "L" else (3,))
+            Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode).save(root / c / f"{i}.png")
+    return root
+
+
+def test_gray_images_load_as_one_channel_and_rgb_as_three(tmp_path):
+    x, y, names = fe.load_image_folder(_folder(tmp_path / "g"))
+    assert x.shape == (6, 6, 8) and x.dtype == np.uint8 and y.tolist() == [0, 0, 0, 1, 1, 1] and names == ["a", "b"]
+    x, _, _ = fe.load_image_folder(_folder(tmp_path / "c", mode="RGB"))
+    assert x.shape == (6, 6, 8, 3)
+    x, _, _ = fe.load_image_folder(_folder(tmp_path / "s", size=(20, 10)), size=4)
+    assert x.shape == (6, 4, 4)
+
+
+def test_gray_and_rgb_give_the_same_network_input():
+    """A gray image and the same image as RGB reach the trunk as the same tensor."""
+    g = np.random.default_rng(1).integers(0, 256, (2, 5, 5), dtype=np.uint8)
+    norm = dict(mean=[0.1, 0.2, 0.3], std=[0.5, 0.4, 0.3], min_std=None)
+    a, b = fe.to_input(g, norm), fe.to_input(np.repeat(g[..., None], 3, axis=-1), norm)
+    assert a.shape == (2, 3, 5, 5) and np.array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda root: root / "missing", "image folder not found"),
+    (lambda root: (root / "e" / "a").mkdir(parents=True) or root / "e", "no images in class sub-folders"),
+    (lambda root: _write(root / "bad" / "a" / "x.png", b"not a png") or root / "bad", "cannot read image file"),
+    (lambda root: _folder(_folder(root / "m"), classes=("c",), size=(5, 5)), r"give --size N"),
+])
+def test_bad_folders_are_named(tmp_path, make, match):
+    with pytest.raises(fe.FeatureEvalError, match=match):
+        fe.load_image_folder(make(tmp_path))
+
+
+def _write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def test_test_folder_must_have_the_training_classes(tmp_path):
+    _folder(tmp_path / "t", classes=("a",))
+    with pytest.raises(fe.FeatureEvalError, match="no class folder 'b'"):
+        fe.load_image_folder(tmp_path / "t", classes=["a", "b"])
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--train", "x", "--test", "y", "--checkpoint", "c"], "missing config="),
+    (["--train", "x", "--test", "y", "config=a"], "missing --checkpoint"),
+    (["--train", "x", "--test", "y", "--checkpoint", "c", "--random-inits", "0", "config=a"], "must be >= 1"),
+    (["--train", "x", "--test", "y", "--checkpoint", "c", "--shots", "1,x", "config=a"], "comma list"),
+])
+def test_bad_arguments_exit_2_naming_the_option(argv, match, capsys):
+    with pytest.raises(SystemExit) as e:
+        fe.main(argv)
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_settings_from_a_demo_report(tmp_path):
+    report = dict(config=dict(vissl_config="pretrain/swav/swav_fashion_mnist_cpu", overrides=["config.X=1"], seed=3),
+                  checkpoint="ck.torch")
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    ap = fe.build_parser()
+    args = ap.parse_args(["--demo-report", str(tmp_path / "r.json"), "--train", "a", "--test", "b"])
+    overrides, ckpt, seed, probes = fe._settings(args, ap)
+    assert overrides == ["config=pretrain/swav/swav_fashion_mnist_cpu", "config.X=1"] and ckpt == "ck.torch"
+    assert seed == 3 and probes == dict(shots=(1, 10, 100), draws=5, val_fraction=0.1, seed=3)
+
+
+def test_random_init_seeds_start_at_the_trainings_own_start():
+    assert fe.random_init_seeds(1, 12, 3) == [12, 1012, 2012]
