@@ -252,8 +252,11 @@ def load_image_folder(root, size=None, classes=None):
         classes: the class names in label order (default: the sub-folders, sorted).
 
     Returns:
-        ``(images, labels [N] int64, class names)``, in class then file name order; the
-        images are uint8 [N, H, W, 3], or [N, H, W] when every image is gray (as the demo's
+        ``(images, labels [N] int64, class names)``, in class then file name order, or, when
+        every file name is a number (the image's index in its source, as
+        ``swav-plugin-prepare-data`` names them), in the order of those numbers (the source's
+        order, which the demo evaluates in; the probes' validation split and draws depend on
+        the order); the images are uint8 [N, H, W, 3], or [N, H, W] when every image is gray (as the demo's
         Fashion-MNIST: the raw-pixel baseline then has one value per pixel, as the demo's).
 
     Raises:
@@ -267,7 +270,7 @@ def load_image_folder(root, size=None, classes=None):
     if not root.is_dir():
         raise FeatureEvalError(f"image folder not found: {root}")
     names = classes or sorted(p.name for p in root.iterdir() if p.is_dir())
-    images, labels, first = [], [], None
+    images, labels, stems, first = [], [], [], None
     for label, name in enumerate(names):
         folder = root / name
         if not folder.is_dir():
@@ -287,12 +290,16 @@ def load_image_folder(root, size=None, classes=None):
             first = a.shape
             images.append(a)
             labels.append(label)
+            stems.append(path.stem)
     if not images:
         raise FeatureEvalError(f"{root}: no images in class sub-folders (ImageFolder layout <root>/<class>/<image>)")
-    x = np.stack(images)
+    x, y = np.stack(images), np.asarray(labels, dtype=np.int64)
+    if all(s.isdigit() for s in stems) and len({int(s) for s in stems}) == len(stems):
+        order = np.argsort([int(s) for s in stems], kind="stable")
+        x, y = x[order], y[order]
     if (x[..., 0] == x[..., 1]).all() and (x[..., 0] == x[..., 2]).all():
         x = np.ascontiguousarray(x[..., 0])
-    return x, np.asarray(labels, dtype=np.int64), names
+    return x, y, names
 
 
 def build_parser():

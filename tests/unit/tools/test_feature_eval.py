@@ -29,6 +29,19 @@ def test_gray_images_load_as_one_channel_and_rgb_as_three(tmp_path):
     assert x.shape == (6, 4, 4)
 
 
+def test_images_named_by_their_source_index_keep_the_source_order(tmp_path):
+    """``00003.png`` ... (as the data tool names them): the order of those numbers across
+    classes (the order the demo evaluates in); other names: class then name order."""
+    for c, idx in (("a", (5, 1)), ("b", (3, 0))):
+        (tmp_path / "n" / c).mkdir(parents=True)
+        for i in idx:
+            Image.fromarray(np.full((2, 2), i, np.uint8), "L").save(tmp_path / "n" / c / f"{i:05d}.png")
+    x, y, _ = fe.load_image_folder(tmp_path / "n")
+    assert x[:, 0, 0].tolist() == [0, 1, 3, 5] and y.tolist() == [1, 0, 1, 0]
+    x, y, _ = fe.load_image_folder(_folder(tmp_path / "w"))
+    assert y.tolist() == [0, 0, 0, 1, 1, 1]
+
+
 def test_gray_and_rgb_give_the_same_network_input():
     """A gray image and the same image as RGB reach the trunk as the same tensor."""
     g = np.random.default_rng(1).integers(0, 256, (2, 5, 5), dtype=np.uint8)
