@@ -74,6 +74,13 @@ def _accuracy(clf, x, y) -> float:
         return float(100.0 * (clf.predict(x) == y).mean())
 
 
+def feasible_shots(labels, pool, shots) -> list:
+    """The ``shots`` (labels per class) that every class's images in ``pool`` can hold."""
+    labels = _as_numpy(labels, np.int64).reshape(-1)
+    smallest = min(int((labels[pool] == c).sum()) for c in np.unique(labels)) if len(pool) else 0
+    return [int(k) for k in shots if int(k) <= smallest]
+
+
 def choose_c(train_x, train_y, val_x, val_y, grid: Sequence[float] = DEFAULT_GRID, max_iter: int = 200):
     """``(best C, {C: validation top-1 %}, classifier trained with the best C)``; ties go to
     the smaller ``C`` (the stronger regularisation).  The grid is walked from the strongest
@@ -129,13 +136,15 @@ def low_shot(train_x, train_y, test_x, test_y, shots: Iterable[int] = DEFAULT_SH
     docstring).
 
     Returns:
-        ``{str(k): dict(mean, std, min, max, per_draw=[top-1 %], C=[chosen C per draw])}``.
+        ``{str(k): dict(mean, std, min, max, per_draw=[top-1 %], C=[chosen C per draw])}``;
+        a ``k`` larger than some class's images outside the validation split is left out
+        (:func:`feasible_shots`).
     """
     xtr, xte = _standardise(_as_numpy(train_x, np.float64), _as_numpy(test_x, np.float64))
     ytr, yte = _as_numpy(train_y, np.int64), _as_numpy(test_y, np.int64)
     pool, val_idx = stratified_split(ytr, val_fraction, seed)
     out = {}
-    for k in shots:
+    for k in feasible_shots(ytr, pool, shots):
         rng = np.random.default_rng([seed, int(k)])
         accs, cs = [], []
         for _ in range(draws):
@@ -152,11 +161,13 @@ def low_shot(train_x, train_y, test_x, test_y, shots: Iterable[int] = DEFAULT_SH
 def probe_report(train_x, train_y, test_x, test_y, shots=DEFAULT_SHOTS, draws=5, grid=DEFAULT_GRID,
                  val_fraction=0.1, seed=0) -> dict:
     """``{"linear": linear_probe(...), "low_shot": low_shot(...), "protocol": {...}}``."""
-    return dict(linear=linear_probe(train_x, train_y, test_x, test_y, grid, val_fraction, seed),
-                low_shot=low_shot(train_x, train_y, test_x, test_y, shots, draws, grid, val_fraction, seed),
+    linear = linear_probe(train_x, train_y, test_x, test_y, grid, val_fraction, seed)
+    low = low_shot(train_x, train_y, test_x, test_y, shots, draws, grid, val_fraction, seed)
+    return dict(linear=linear, low_shot=low,
                 protocol=dict(classifier="multinomial logistic regression (scikit-learn, lbfgs, L2)",
                               grid=list(grid), val_fraction=val_fraction, draws=draws, seed=seed,
                               shots=[int(k) for k in shots],
+                              skipped_shots=[int(k) for k in shots if str(int(k)) not in low],
                               standardisation="mean/std of all training images",
                               choice="C with the best top-1 on the validation split of the training images"))
 

@@ -63,6 +63,13 @@ def test_separable_classes_are_learned_from_one_label_and_random_labels_are_not(
     assert "linear" in probes.format_probes(r) and "1/cls" in probes.format_probes(r)
 
 
+def test_low_shot_sizes_a_class_cannot_hold_are_left_out_and_named():
+    x, y, xt, yt = blobs(n_per_class=12)  # 12 per class: 1 held out for validation, 11 in the pool
+    r = probes.probe_report(x, y, xt, yt, shots=(1, 11, 12, 100), draws=2)
+    assert sorted(r["low_shot"], key=int) == ["1", "11"] and r["protocol"]["skipped_shots"] == [12, 100]
+    assert probes.feasible_shots(y, np.arange(len(y)), (12, 13)) == [12]
+
+
 def test_torch_tensors_are_accepted():
     import torch
 
