@@ -89,7 +89,7 @@ def test_catalog_is_resolved_by_vissl_dataset_names(tmp_path):
     out = tmp_path / "out"
     assert run_tool("--source", tmp_path / "src", "--out", out, "--limit-per-class", 1).returncode == 0
     script = f"""
-import sys, json; sys.path.insert(0, {str(REPO / 'tests')!r})
+import sys, json; sys.path.insert(0, {str(REPO / 'tests' / 'helpers')!r})
 from testkit import compose
 from vissl.data import build_dataset
 from vissl.data.dataset_catalog import VisslDatasetCatalog
