@@ -112,6 +112,7 @@ def make_figure(path, curve, results, protos, test_x, meta, probes=None):
     _plot_loss(fig.add_subplot(gs[0, 0]), curve)
     _plot_knn(fig.add_subplot(gs[1, 0]), results, meta)
     if probes:
+        meta = dict(meta, probes=True)
         _plot_probes(fig.add_subplot(gs[2, 0]), probes, meta)
     _plot_prototypes(fig.add_subplot(gs[:, 1]), protos, test_x, meta)
     fig.savefig(path)
@@ -207,7 +208,7 @@ def _plot_prototypes(ax, protos, test_x, meta):
     ax.tick_params(axis="y", length=0)
     for s in ax.spines.values():
         s.set_visible(False)
-    ax.set_title(f"(3) The {len(rows)} most used of {protos['num_prototypes']} prototypes: their "
+    ax.set_title(f"({4 if meta.get('probes') else 3}) The {len(rows)} most used of {protos['num_prototypes']} prototypes: their "
                  f"top-{per_row} test images\n(each test image assigned to its best prototype; "
                  f"majority-class purity over all {meta['n_test']}: {protos['purity_pct']:.1f}%)",
                  loc="left", fontweight="bold", fontsize=10.5)
@@ -225,7 +226,7 @@ def _plot_probes(ax, probes, meta):
     import numpy as np
 
     shots = sorted(int(k) for k in probes["swav"]["low_shot"])
-    full = meta["n_train"] // 10  # labels per class of the linear probe (the whole training set)
+    full = meta["n_train"] // 10  # where the linear probe (every training label) is drawn
     for key, label, color in PROBE_METHODS:
         r = probes[key]
         ys = [r["low_shot"][str(k)]["mean"] for k in shots] + [r["linear"]["top1"]]
@@ -233,18 +234,18 @@ def _plot_probes(ax, probes, meta):
         xs = shots + [full]
         ax.errorbar(xs, ys, yerr=err, marker="o", color=color, label=label, capsize=3, lw=1.8)
         for x, y in zip(xs, ys):
-            ax.text(x, y + 1.0, f"{y:.1f}", ha="center", va="bottom", fontsize=8, color=color)
+            ax.text(x * 1.08, y - 0.5, f"{y:.1f}", ha="left", va="top", fontsize=8, color=color)
     ax.set_xscale("log")
-    ax.set_xticks(shots + [full], [str(k) for k in shots] + [f"all ({full})"])
+    ax.set_xticks(shots + [full], [str(k) for k in shots] + ["all"])
     ax.minorticks_off()
     allv = [v for k, _, _ in PROBE_METHODS for v in
             [probes[k]["linear"]["top1"]] + [probes[k]["low_shot"][str(s)]["mean"] for s in shots]]
     ax.set_ylim(max(0.0, np.floor(min(allv) / 5.0) * 5.0 - 5.0), min(100.0, max(allv) + 7.0))
-    ax.set_xlabel("labelled training images per class (logistic regression on frozen features)")
+    ax.set_xlabel("labelled training images per class (logistic regression on the frozen features, "
+                  "C chosen on 10% of the training images)")
     ax.set_ylabel("top-1 accuracy on the test images (%)")
     draws = probes["swav"]["protocol"]["draws"]
-    ax.set_title(f"(3) linear and low-shot probes: mean (std) of {draws} draws; C chosen on 10% of the "
-                 "training images", loc="left", fontweight="bold")
+    ax.set_title(f"(3) Linear and low-shot probes (mean, std of {draws} draws)", loc="left", fontweight="bold")
     ax.legend(loc="lower right", fontsize=8.5, framealpha=0.95)
     ax.grid(alpha=0.3)
 
