@@ -29,9 +29,6 @@ from pathlib import Path
 __all__ = ["FeatureEvalError", "build_vissl_model", "load_checkpoint", "transform_stats", "to_input", "extract",
            "random_init_seeds", "mean_probes", "evaluate_features", "load_image_folder", "main"]
 
-#: image file suffixes read by :func:`load_image_folder` (torchvision's ImageFolder's)
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-
 
 class FeatureEvalError(ValueError):
     """Bad argument, checkpoint or image folder; the message names it."""
@@ -265,6 +262,7 @@ def load_image_folder(root, size=None, classes=None):
     """
     import numpy as np
     from PIL import Image
+    from vissl_swav_plugin.config.dataset_size import IMAGE_EXTENSIONS  # torchvision's ImageFolder's
 
     root = Path(root)
     if not root.is_dir():
@@ -275,7 +273,7 @@ def load_image_folder(root, size=None, classes=None):
         folder = root / name
         if not folder.is_dir():
             raise FeatureEvalError(f"{root}: no class folder {name!r} (the classes of the training images)")
-        for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
+        for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS):
             try:
                 with Image.open(path) as im:
                     im = im.convert("RGB")

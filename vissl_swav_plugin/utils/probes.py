@@ -67,11 +67,22 @@ def draw_per_class(labels, pool, k: int, rng) -> np.ndarray:
     return np.sort(np.concatenate(out))
 
 
-def _accuracy(clf, x, y) -> float:
-    from threadpoolctl import threadpool_limits
+def _one_blas_thread(fn):
+    """Run ``fn`` with NumPy's BLAS on one thread (see :func:`choose_c`)."""
+    import functools
 
-    with threadpool_limits(limits=1, user_api="blas"):
-        return float(100.0 * (clf.predict(x) == y).mean())
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="blas"):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _accuracy(clf, x, y) -> float:
+    return float(100.0 * (clf.predict(x) == y).mean())
 
 
 def feasible_shots(labels, pool, shots) -> list:
@@ -81,6 +92,7 @@ def feasible_shots(labels, pool, shots) -> list:
     return [int(k) for k in shots if int(k) <= smallest]
 
 
+@_one_blas_thread
 def choose_c(train_x, train_y, val_x, val_y, grid: Sequence[float] = DEFAULT_GRID, max_iter: int = 200):
     """``(best C, {C: validation top-1 %}, classifier trained with the best C)``; ties go to
     the smaller ``C`` (the stronger regularisation).  The grid is walked from the strongest
@@ -89,13 +101,6 @@ def choose_c(train_x, train_y, val_x, val_y, grid: Sequence[float] = DEFAULT_GRI
     NumPy's BLAS runs on one thread here: these matrices are small, and beside torch's
     OpenMP threads (the demo's process) a multi-threaded OpenBLAS waits on itself (measured:
     the 100-labels-per-class probe 25 times slower with 2 BLAS threads than with one)."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1, user_api="blas"):
-        return _choose_c(train_x, train_y, val_x, val_y, grid, max_iter)
-
-
-def _choose_c(train_x, train_y, val_x, val_y, grid, max_iter):
     import copy
 
     from sklearn.linear_model import LogisticRegression
@@ -116,6 +121,7 @@ def _standardise(train_x, *others):
     return [(x - mean) / std for x in (train_x, *others)]
 
 
+@_one_blas_thread
 def linear_probe(train_x, train_y, test_x, test_y, grid=DEFAULT_GRID, val_fraction=0.1, seed=0, max_iter=200):
     """Linear probe with every training label (see the module docstring).
 
@@ -130,6 +136,7 @@ def linear_probe(train_x, train_y, test_x, test_y, grid=DEFAULT_GRID, val_fracti
                 train_images=int(len(fit_idx)), val_images=int(len(val_idx)))
 
 
+@_one_blas_thread
 def low_shot(train_x, train_y, test_x, test_y, shots: Iterable[int] = DEFAULT_SHOTS, draws: int = 5,
              grid=DEFAULT_GRID, val_fraction=0.1, seed=0, max_iter=200) -> Dict[str, dict]:
     """Low-shot probes, ``k`` labels per class for each ``k`` in ``shots`` (see the module
