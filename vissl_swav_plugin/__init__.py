@@ -35,6 +35,7 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.hooks.online_knn",
     "vissl_swav_plugin.hooks.collapse",
     "vissl_swav_plugin.hooks.precise_bn",
+    "vissl_swav_plugin.config.vissl_schema",
     "vissl_swav_plugin.checks.run_wide",
 ]
 

@@ -9,6 +9,7 @@ full key (``config.LOSS.swav_plugin_loss.epsilon must be > 0, got 0``) before an
 is started.
 """
 import difflib
+import os
 import numbers
 from typing import Callable, Dict, Iterable, List, Optional
 
@@ -17,6 +18,13 @@ _CROP_COUNTERS: Dict[str, Callable] = {}
 _CHECKS: List[Callable] = []
 _LAUNCH_CHECKS: List[Callable] = []
 _GLOBAL_INFERENCE: Dict[str, Callable] = {}
+_PRE_CHECKS: List[Callable] = []
+#: ``{loss name: {inferred key: placeholder}}``: a key VISSL's or our inference fills in, and
+#: the value that means "not set" (for VISSL's losses: ``defaults.yaml``'s value, looked up
+#: when the loss is not listed here); see :func:`check_inferred_values`
+_INFERRED_PLACEHOLDERS: Dict[str, Dict[str, object]] = {}
+#: inferred keys whose replacement does not change training: a warning, not an error
+WARN_ONLY_INFERRED_KEYS = ("output_dir", "queue_length")
 
 
 class ConfigError(ValueError):
@@ -39,6 +47,152 @@ def register_config_check(fn):
     if fn not in _CHECKS:
         _CHECKS.append(fn)
     return fn
+
+
+def register_pre_inference_check(fn):
+    """Decorator: ``fn(cfg)`` checks every composed config *before* VISSL's loss inference
+    (which fails with a bare ``AssertionError`` on some inputs, and adds keys of its own);
+    it raises :class:`ConfigError` naming the key."""
+    if fn not in _PRE_CHECKS:
+        _PRE_CHECKS.append(fn)
+    return fn
+
+
+def register_inferred_keys(loss_name: str, placeholders: Dict[str, object]):
+    """Declare the keys of ``LOSS.<loss_name>`` that the inference fills in, each with the
+    value that means "not set by the user" (``queue.local_queue_length`` for a nested key;
+    ``None``: any value is the user's).  A user's value that the inference replaces by
+    another is a :class:`ConfigError` naming both (a warning for
+    :data:`WARN_ONLY_INFERRED_KEYS`)."""
+    _INFERRED_PLACEHOLDERS[loss_name] = dict(placeholders)
+
+
+def _leaves(block, prefix=""):
+    """``{dotted key: value}`` of the leaves of a nested mapping (lists are leaves)."""
+    out = {}
+    for k, v in (block or {}).items():
+        if hasattr(v, "items"):
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, (list, tuple)) else v
+    return out
+
+
+def _vissl_default_loss_block(loss_name):
+    from vissl_swav_plugin.config.vissl_schema import vissl_defaults
+
+    return _leaves(((vissl_defaults().get("LOSS") or {}).get(loss_name)) or {})
+
+
+def check_inferred_values(before: Dict[str, object], cfg) -> None:
+    """Compare the loss block as the user composed it (``before``: :func:`_leaves` of
+    ``LOSS.<name>`` before any inference) with the inferred one: a value the user set
+    (it differs from the placeholder: our table, else VISSL's ``defaults.yaml``) that the
+    inference replaced by another raises :class:`ConfigError` naming the key, both values
+    and where the inferred one comes from.  ``output_dir`` and ``queue_length`` only warn,
+    and so does every key of VISSL's own losses (VISSL's inference replaces them by design
+    and its shipped configs carry such values, e.g. ``quick_deepcluster_v2``'s
+    ``BATCHSIZE_PER_REPLICA: 64``)."""
+    import logging
+
+    name = cfg.LOSS.name
+    after = _leaves(cfg.LOSS.get(name) or {})
+    placeholders = _INFERRED_PLACEHOLDERS.get(name)
+    vissl_loss = placeholders is None  # VISSL's inference: its own configs carry stale values
+    if vissl_loss:
+        placeholders = _vissl_default_loss_block(name)
+    inferred = set(placeholders)
+    overrides = _take_overrides()
+    conflicts = []
+    for key in sorted(inferred):
+        if key not in before or key not in after or before[key] == after[key]:
+            continue
+        if placeholders.get(key) is not None and before[key] == placeholders[key]:
+            continue  # the placeholder: not the user's value
+        msg = (f"config.LOSS.{name}.{key}={before[key]!r} is replaced by the inferred value "
+               f"{after[key]!r} ({INFERRED_SOURCES.get(key, 'inferred from the rest of the config')})")
+        if overrides is not None and not _overridden(overrides, f"LOSS.{name}.{key}") and any(
+                _overridden(overrides, src) for src in _source_keys(name, key)):
+            # the command line changed what it is inferred from, not the key: the config
+            # file's value is stale, as expected
+            logging.info(msg)
+            continue
+        if vissl_loss or key.split(".")[-1] in WARN_ONLY_INFERRED_KEYS:
+            logging.warning(f"{msg}; remove the key to silence this warning")
+        else:
+            conflicts.append(msg)
+    if conflicts:
+        raise ConfigError(
+            "; ".join(conflicts) + ": the run would train with the inferred value, not yours; remove the key "
+            "or set the setting it is inferred from"
+        )
+
+
+_composed_overrides: List[Optional[List[str]]] = [None]
+
+
+def remember_overrides(overrides) -> None:
+    """Record the command-line overrides of the config being composed (VISSL's
+    ``compose_hydra_configuration``, patched by ``config.vissl_schema``), for
+    :func:`check_inferred_values`: a config file's value that is stale because the command
+    line changed what it is inferred from (``MODEL.HEAD.PARAMS`` and not
+    ``num_prototypes``) is no conflict."""
+    _composed_overrides[0] = [str(o) for o in overrides]
+
+
+def _take_overrides() -> Optional[List[str]]:
+    out, _composed_overrides[0] = _composed_overrides[0], None
+    return out
+
+
+def _override_key(o: str) -> str:
+    key = o.split("=", 1)[0].lstrip("+~")
+    return key[len("config."):] if key.startswith("config.") else key
+
+
+def _overridden(overrides, prefix: str) -> bool:
+    """Whether an override sets ``config.<prefix>`` (or a part of it), or picks a config
+    group (``+config/...``: anything may change)."""
+    for o in overrides:
+        key = _override_key(o)
+        if key == "config":  # the config file itself
+            continue
+        if key.startswith("config/"):  # a config group: it may change anything
+            return True
+        if key == prefix or key.startswith(prefix + ".") or prefix.startswith(key + "."):
+            return True
+    return False
+
+
+def _source_keys(loss_name: str, key: str) -> List[str]:
+    """The config keys an inferred ``LOSS.<loss_name>.<key>`` is computed from."""
+    leaf = key.split(".")[-1]
+    if leaf in ("num_prototypes", "num_clusters", "embedding_dim", "output_dim"):
+        return ["MODEL.HEAD"]
+    if leaf == "num_crops":
+        return ["DATA.TRAIN.TRANSFORMS"]
+    if leaf in ("local_queue_length", "queue_length"):
+        return [f"LOSS.{loss_name}.queue.queue_length", "DISTRIBUTED", "DATA.TRAIN.BATCHSIZE_PER_REPLICA"]
+    if leaf == "output_dir":
+        return ["CHECKPOINT"]
+    return ["DATA.TRAIN", "DISTRIBUTED"]
+
+
+#: where each inferred key comes from, for messages
+INFERRED_SOURCES = {
+    "num_prototypes": "the prototype head's num_clusters, config.MODEL.HEAD.PARAMS[-1]",
+    "num_clusters": "the prototype head's num_clusters, config.MODEL.HEAD.PARAMS[-1]",
+    "embedding_dim": "the head's last dims entry, config.MODEL.HEAD.PARAMS[-1]",
+    "output_dim": "the head's num_clusters[0], config.MODEL.HEAD.PARAMS[-1]",
+    "num_crops": "the crops of config.DATA.TRAIN.TRANSFORMS",
+    "output_dir": "the checkpoint folder, config.CHECKPOINT.DIR",
+    "queue.local_queue_length": "queue.queue_length / (DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE)",
+    "queue.queue_length": "VISSL rounds it down to a multiple of the global batch size",
+    "BATCHSIZE_PER_REPLICA": "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA",
+    "DROP_LAST": "config.DATA.TRAIN.DROP_LAST",
+}
+
+
 def register_launch_check(fn):
     """Decorator: ``fn(cfg)`` checks a run when it is *launched*, not when its config is
     composed: in the launcher process, before any worker starts (VISSL's
@@ -219,6 +373,23 @@ def require_str(value, key):
         raise ConfigError(f"config.{key} must be a non-empty string, got {value!r}")
 
 
+def _explain_assertion(error: AssertionError, cfg) -> ConfigError:
+    """A :class:`ConfigError` for a bare ``AssertionError`` of VISSL's config inference:
+    the loss, the failed condition (its source line) and where it is."""
+    import linecache
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    frame = frames[-1] if frames else None
+    line = (linecache.getline(frame.filename, frame.lineno).strip() if frame else "") or "?"
+    where = f" ({os.path.basename(frame.filename)}:{frame.lineno})" if frame else ""
+    detail = f": {error}" if str(error) else ""
+    return ConfigError(
+        f"VISSL's config inference for config.LOSS.name={cfg.LOSS.name!r} rejects this config: "
+        f"`{line}` is false{where}{detail}"
+    )
+
+
 def install() -> None:
     """Wrap ``vissl.utils.hydra_config.infer_losses_config`` through the compat engine
     (patch ``plugin_config_inference``: applied now and once per process, listed by
@@ -231,7 +402,13 @@ def install() -> None:
         original = compat.raw(hc, "infer_losses_config")
 
         def infer_losses_config(cfg):
-            cfg = original(cfg) or cfg
+            for pre in _PRE_CHECKS:
+                pre(cfg)
+            before = _leaves(cfg.LOSS.get(cfg.LOSS.name) or {})
+            try:
+                cfg = original(cfg) or cfg
+            except AssertionError as e:
+                raise _explain_assertion(e, cfg) from e
             for global_fn in _GLOBAL_INFERENCE.values():
                 cfg = global_fn(cfg) or cfg
             fn = _INFERENCE.get(cfg.LOSS.name)
@@ -242,6 +419,7 @@ def install() -> None:
                         "its parameter block is absent (use one of the plugin's configs)"
                     )
                 cfg = fn(cfg) or cfg
+            check_inferred_values(before, cfg)
             for check in _CHECKS:
                 check(cfg)
             return cfg

@@ -18,6 +18,7 @@ import torch
 from vissl_swav_plugin.config.validation import (
     ConfigError,
     check_known_keys,
+    register_inferred_keys,
     register_launch_check,
     require_int,
     require_int_list,
@@ -33,6 +34,11 @@ __all__ = ["ClusteringChecksMixin", "DTYPES", "INIT_BANK_FORWARDS", "infer_clust
 INIT_BANK_FORWARDS = ("per_crop", "joint")
 #: dtypes of the clustering computations (``kmeans_dtype``, ``sinkhorn_dtype``)
 DTYPES = ("float32", "float64")
+
+
+#: keys of ``LOSS.<name>`` that :func:`infer_clustering_loss_config` fills in from the head
+#: (any value the user sets that differs is a ConfigError, see ``register_inferred_keys``)
+INFERRED_KEYS = {"num_clusters": None, "embedding_dim": None}
 
 
 def require_choice(lc, key: str, choices: Sequence, prefix: str):
@@ -63,6 +69,7 @@ def infer_clustering_loss_config(cfg, loss_cls):
         ``cfg``.
     """
     loss_name = loss_cls.LOSS_NAME
+    register_inferred_keys(loss_name, INFERRED_KEYS)
     prefix = f"LOSS.{loss_name}"
     lc = cfg.LOSS[loss_name]
     check_known_keys(lc, loss_cls.known_config_keys(), f"config.{prefix}")

@@ -10,6 +10,7 @@ from vissl_swav_plugin.config.validation import (
     ConfigError,
     check_known_keys,
     register_config_inference,
+    register_inferred_keys,
     require_bool,
     require_int,
     require_int_list,
@@ -40,6 +41,11 @@ DEFAULTS = {
 #: ``True`` scores the valid part of a queue that is still filling.
 QUEUE_DEFAULTS = {"queue_length": 0, "start_epoch": 0, "local_queue_length": 0, "use_before_full": False}
 
+#: keys the inference fills in, with the value that means "not set" (None: any value is the
+#: user's); a user's value that the inference replaces is a ConfigError (output_dir: a warning)
+INFERRED_KEYS = {"num_prototypes": None, "embedding_dim": None, "num_crops": None, "output_dir": DEFAULTS["output_dir"],
+                 "queue.local_queue_length": QUEUE_DEFAULTS["local_queue_length"]}
+register_inferred_keys(LOSS_NAME, INFERRED_KEYS)
 
 
 def swav_loss_known_keys():

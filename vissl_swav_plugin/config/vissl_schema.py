@@ -1,0 +1,432 @@
+"""Checks of VISSL's own config sections, when a config is composed (in the launcher
+process, before any worker starts).
+
+* **Unknown keys** (:func:`check_vissl_keys`): VISSL reads only the keys its
+  ``vissl/config/defaults.yaml`` defines, so a key that neither ``defaults.yaml`` nor one
+  of the plugin's configs defines (``+config.OPTIMIZER.nam=sgd``) is never read.  It is a
+  :class:`~vissl_swav_plugin.config.validation.ConfigError` naming the key with the closest
+  known one.  Every mapping of the config is checked against the schema, except the open
+  ones (:func:`is_open`): a mapping that is empty in ``defaults.yaml``
+  (``COLLATE_FUNCTION_PARAMS``, ``MODEL.TRUNK.REGNET``, ``SLURM.ADDITIONAL_PARAMETERS``,
+  ...), the block of a registered loss or meter that ``defaults.yaml`` lacks (a loss of this
+  plugin is checked by its own table), the entries of lists (``TRANSFORMS``,
+  ``HEAD.PARAMS``: checked by their consumers), and the parameter schedulers
+  (``OPTIMIZER.param_schedulers.<name>``), whose known keys are ``defaults.yaml``'s plus
+  every key a shipped config (VISSL's or ours) gives a scheduler, and
+  ``MODEL.AMP_PARAMS.AMP_ARGS`` (apex's keyword arguments).  The schema is
+  ``defaults.yaml`` merged with VISSL's shipped configs (keys VISSL reads that
+  ``defaults.yaml`` lacks) and the plugin's configs (:func:`known_schema`).
+* **Ranges** (:func:`check_optimizer_values`): learning rates (every value of
+  ``OPTIMIZER.param_schedulers``, the scheduler lists included) finite and >= 0,
+  ``weight_decay`` >= 0, ``momentum`` in [0, 1), ``nesterov`` / ``use_larc`` true or
+  false, LARC's ``trust_coefficient`` and ``eps`` > 0, ``num_epochs`` an integer >= 1,
+  ``OPTIMIZER.name`` a registered optimizer.
+* **AMP dtype** (:func:`check_amp_dtype`): ``MODEL.AMP_PARAMS.AMP_DTYPE`` one of the
+  supported names (the workers would reject it ~10 s later).
+* **VISSL's ``swav_loss`` with a head it cannot use** (:func:`check_vissl_swav_loss_head`):
+  VISSL's inference would stop on a bare ``AssertionError``.
+* **``config=<name>``** (patch ``plugin_config_names``): a name Hydra cannot find is a
+  :class:`UnknownConfigError` listing the closest config names (ours, VISSL's, the working
+  directory's).  The same patch records the command-line overrides for
+  :func:`~vissl_swav_plugin.config.validation.check_inferred_values`.
+"""
+import difflib
+import functools
+import math
+import os
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional
+
+from vissl_swav_plugin.config.validation import (
+    ConfigError,
+    check_known_keys,
+    register_config_check,
+    register_pre_inference_check,
+    remember_overrides,
+)
+
+#: the marker of a leaf in a schema tree
+LEAF = None
+#: the mapping of parameter schedulers (``lr``, ``lr_head``, ``weight_decay``, ...: any
+#: optimizer option); each one's keys depend on its ``name`` (see :func:`scheduler_keys`)
+SCHEDULER_PATH = ("OPTIMIZER", "param_schedulers")
+#: sections passed on as keyword arguments (apex's ``amp.initialize``): any key
+OPEN_PATHS = {("MODEL", "AMP_PARAMS", "AMP_ARGS")}
+
+
+class UnknownConfigError(ConfigError):
+    """``config=<name>`` names no config file; the message lists the closest names."""
+
+
+def _vissl_dir() -> Path:
+    import vissl
+
+    return Path(vissl.__file__).resolve().parent
+
+
+def _vissl_configs_dir() -> Optional[Path]:
+    """VISSL's packaged ``configs/config`` folder (site-packages/configs), or None."""
+    try:
+        import configs  # VISSL installs its YAML files as the top-level package ``configs``
+
+        root = Path(list(configs.__path__)[0]) / "config"
+        return root if root.is_dir() else None
+    except Exception:  # noqa: BLE001 - not installed: no VISSL configs to suggest or learn from
+        return None
+
+
+def _our_configs_dir() -> Optional[Path]:
+    from vissl_swav_plugin.config.search_path import configs_dir
+
+    try:
+        root = configs_dir() / "config"
+    except FileNotFoundError:
+        return None
+    return root if root.is_dir() else None
+
+
+def _load_yaml(path):
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with open(path) as f:
+        return yaml.load(f, Loader=loader)
+
+
+@functools.lru_cache(maxsize=1)
+def vissl_defaults() -> dict:
+    """``vissl/config/defaults.yaml``'s ``config`` block, as plain containers."""
+    return _load_yaml(_vissl_dir() / "config" / "defaults.yaml")["config"]
+
+
+def _config_block(path) -> Optional[dict]:
+    """The ``config`` block of a shipped YAML (``# @package _global_`` files), or None."""
+    try:
+        data = _load_yaml(path)
+    except Exception:  # noqa: BLE001 - a file Hydra would reject is reported by Hydra itself
+        return None
+    block = data.get("config") if isinstance(data, dict) else None
+    return block if isinstance(block, dict) else None
+
+
+def _tree(node):
+    """The schema tree of a mapping: ``{key: subtree}``, a non-mapping value is :data:`LEAF`;
+    an empty mapping is ``{}`` (an open section)."""
+    if isinstance(node, dict):
+        return {str(k): _tree(v) for k, v in node.items()}
+    return LEAF
+
+
+def _merge(a, b):
+    """Union of two schema trees (a mapping wins over a leaf)."""
+    if not isinstance(a, dict):
+        return b if isinstance(b, dict) else a
+    if not isinstance(b, dict):
+        return a
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(a[k], v) if k in a else v
+    return out
+
+
+def _yaml_files(root: Optional[Path]) -> List[Path]:
+    return sorted(root.rglob("*.yaml")) if root is not None else []
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_blocks():
+    """``(VISSL's, ours)``: the ``config`` blocks of the shipped configs (read once)."""
+    def blocks(root):
+        return [b for b in (_config_block(p) for p in _yaml_files(root)) if b is not None]
+
+    return blocks(_vissl_configs_dir()), blocks(_our_configs_dir())
+
+
+@functools.lru_cache(maxsize=1)
+def known_schema() -> dict:
+    """The keys VISSL and the plugin read: ``defaults.yaml`` merged with every config VISSL
+    ships (keys its code reads that ``defaults.yaml`` lacks: a loss's ``ignore_index``,
+    LARS's ``exclude_bias_and_norm``, ...) and every config the plugin ships (its blocks:
+    ``HOOKS.PROGRESS``, ``LOSS.swav_plugin_loss``, ...), plus the keys the plugin adds to
+    VISSL's schema (``compat.amp.PLUGIN_CONFIG_KEYS``)."""
+    from vissl_swav_plugin.compat.amp import PLUGIN_CONFIG_KEYS
+
+    schema = _tree(vissl_defaults())
+    vissl_blocks, our_blocks = _shipped_blocks()
+    for block in vissl_blocks + our_blocks:
+        schema = _merge(schema, _tree(block))
+    for key in PLUGIN_CONFIG_KEYS:
+        parts = key.split(".")[1:]  # without the leading "config"
+        node = schema
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node.setdefault(parts[-1], LEAF)
+    return schema
+
+
+@functools.lru_cache(maxsize=1)
+def scheduler_keys() -> frozenset:
+    """Every key a parameter scheduler block may have: ``defaults.yaml``'s ``lr`` block and
+    every key of an ``OPTIMIZER.param_schedulers.<name>`` block (or of its ``schedulers``
+    list) in a shipped config, VISSL's or ours."""
+    keys = set(vissl_defaults()["OPTIMIZER"]["param_schedulers"]["lr"])
+    vissl_blocks, our_blocks = _shipped_blocks()
+    for block in vissl_blocks + our_blocks:
+        scheds = (block.get("OPTIMIZER") or {}).get("param_schedulers") if isinstance(block.get("OPTIMIZER"), dict) else None
+        for sched in (scheds or {}).values() if isinstance(scheds, dict) else []:
+            if isinstance(sched, dict):
+                keys |= set(map(str, sched))
+                for sub in sched.get("schedulers") or []:
+                    if isinstance(sub, dict):
+                        keys |= set(map(str, sub))
+    return frozenset(keys)
+
+
+def _registered(kind) -> Iterable[str]:
+    if kind == "LOSS":
+        from classy_vision.losses import LOSS_REGISTRY
+
+        return LOSS_REGISTRY.keys()
+    if kind == "METERS":
+        from classy_vision.meters import METER_REGISTRY
+
+        return METER_REGISTRY.keys()
+    return ()
+
+
+def is_open(path, key) -> bool:
+    """Whether ``<path>.<key>`` is a section whose keys are not checked here: the block of a
+    registered loss / meter that ``defaults.yaml`` lacks."""
+    return len(path) == 1 and path[0] in ("LOSS", "METERS") and key in set(_registered(path[0]))
+
+
+@functools.lru_cache(maxsize=1)
+def open_paths() -> frozenset:
+    """The sections whose keys are free: :data:`OPEN_PATHS` and every mapping that is
+    empty in ``defaults.yaml`` (even where a shipped config fills it)."""
+    out = set(OPEN_PATHS)
+
+    def visit(node, path):
+        for k, v in node.items():
+            if isinstance(v, dict):
+                if not v:
+                    out.add(path + (str(k),))
+                visit(v, path + (str(k),))
+
+    visit(vissl_defaults(), ())
+    return frozenset(out)
+
+
+def _walk(block, schema, path):
+    if not hasattr(block, "items") or tuple(path) in open_paths():
+        return
+    if tuple(path) == SCHEDULER_PATH:
+        for name, sched in block.items():
+            if hasattr(sched, "items"):
+                check_known_keys(sched, scheduler_keys(), f"config.{'.'.join(path)}.{name}")
+        return
+    if not isinstance(schema, dict) or not schema:
+        return  # a leaf in the schema (a value, any type), or an open section
+    known = set(schema) | {k for k in block if is_open(path, k)}
+    check_known_keys(block, known, "config." + ".".join(path) if path else "config")
+    for key, value in block.items():
+        if key in schema:
+            _walk(value, schema[key], path + [str(key)])
+
+
+@register_pre_inference_check
+def check_vissl_keys(cfg) -> None:
+    """Every key of the composed config is one VISSL's ``defaults.yaml`` or the plugin's
+    configs define (open sections: see the module's doc); else :class:`ConfigError` naming
+    the key and the closest known one."""
+    _walk(cfg, known_schema(), [])
+
+
+# -- ranges of VISSL's optimizer values ------------------------------------------------------
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+#: keys of a parameter scheduler that hold learning-rate (or weight-decay) values
+SCHEDULER_VALUE_KEYS = ("value", "values", "start_value", "end_value", "base_value")
+
+
+def _check_scheduler(block, key):
+    if not hasattr(block, "items"):
+        return
+    for k, v in block.items():
+        full = f"{key}.{k}"
+        if k in SCHEDULER_VALUE_KEYS:
+            for i, x in enumerate(v if isinstance(v, (list, tuple)) else [v]):
+                where = f"{full}[{i}]" if isinstance(v, (list, tuple)) else full
+                if not _is_real(x) or not math.isfinite(x) or x < 0:
+                    raise ConfigError(f"{where} must be a finite number >= 0 (a learning rate), got {x!r}")
+        elif k == "schedulers" and isinstance(v, (list, tuple)):
+            for i, sub in enumerate(v):
+                _check_scheduler(sub, f"{full}[{i}]")
+        elif hasattr(v, "items"):
+            _check_scheduler(v, full)
+
+
+def _require_range(value, key, low, high=None, high_open=True):
+    ok = _is_real(value) and math.isfinite(value) and value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        rng = f">= {low}" if high is None else f"in [{low}, {high}{')' if high_open else ']'}"
+        raise ConfigError(f"{key} must be a finite number {rng}, got {value!r}")
+
+
+@register_config_check
+def check_optimizer_values(cfg) -> None:
+    """Ranges of ``config.OPTIMIZER``: learning rates >= 0, ``weight_decay`` >= 0,
+    ``momentum`` in [0, 1), flags true or false, LARC's coefficients > 0, ``num_epochs``
+    >= 1, a registered optimizer ``name`` (with the closest one)."""
+    opt = cfg.get("OPTIMIZER")
+    if not hasattr(opt, "get"):
+        return
+    key = "config.OPTIMIZER"
+    name = opt.get("name")
+    from classy_vision.optim import OPTIMIZER_REGISTRY
+
+    if name not in OPTIMIZER_REGISTRY:
+        near = difflib.get_close_matches(str(name), list(OPTIMIZER_REGISTRY), n=1, cutoff=0.6)
+        raise ConfigError(
+            f"{key}.name={name!r} is not a registered optimizer"
+            + (f" (did you mean {near[0]!r}?)" if near else "") + f"; known: {sorted(OPTIMIZER_REGISTRY)}"
+        )
+    for sched_name, sched in (opt.get("param_schedulers") or {}).items():
+        _check_scheduler(sched, f"{key}.param_schedulers.{sched_name}")
+    _require_range(opt.get("weight_decay", 0.0), f"{key}.weight_decay", 0.0)
+    hop = opt.get("head_optimizer_params") or {}
+    if "weight_decay" in hop:
+        _require_range(hop["weight_decay"], f"{key}.head_optimizer_params.weight_decay", 0.0)
+    _require_range(opt.get("momentum", 0.0), f"{key}.momentum", 0.0, 1.0)
+    for flag in ("nesterov", "use_larc", "regularize_bn", "regularize_bias", "use_zero"):
+        if flag in opt and not isinstance(opt[flag], bool):
+            raise ConfigError(f"{key}.{flag} must be true or false, got {opt[flag]!r}")
+    larc = opt.get("larc_config") or {}
+    for k in ("trust_coefficient", "eps"):
+        if k in larc and (not _is_real(larc[k]) or not math.isfinite(larc[k]) or larc[k] <= 0):
+            raise ConfigError(f"{key}.larc_config.{k} must be a finite number > 0, got {larc[k]!r}")
+    if "clip" in larc and not isinstance(larc["clip"], bool):
+        raise ConfigError(f"{key}.larc_config.clip must be true or false, got {larc['clip']!r}")
+    epochs = opt.get("num_epochs")
+    if not cfg.get("TEST_ONLY", False) and (not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1):
+        raise ConfigError(f"{key}.num_epochs must be an integer >= 1, got {epochs!r}")
+
+
+@register_config_check
+def check_amp_dtype(cfg) -> None:
+    """``MODEL.AMP_PARAMS.AMP_DTYPE``, when set, names a supported dtype (checked now,
+    not in the workers)."""
+    from vissl_swav_plugin.compat.amp import amp_dtype_from_config
+
+    amp = (cfg.get("MODEL") or {}).get("AMP_PARAMS") or {}
+    if hasattr(amp, "get") and "AMP_DTYPE" in amp:
+        try:
+            amp_dtype_from_config(amp)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+#: VISSL's losses whose inference requires one VISSL head, and the heads it accepts
+VISSL_HEAD_LOSSES = {"swav_loss": ("swav_head", "swav_head_fsdp"), "swav_momentum_loss": ("swav_head",),
+                     "dino_loss": ("swav_head",)}
+#: the plugin's loss for a head of the plugin, by VISSL loss
+PLUGIN_LOSS_FOR = {"swav_loss": "swav_plugin_loss"}
+
+
+@register_pre_inference_check
+def check_vissl_swav_loss_head(cfg) -> None:
+    """VISSL's SwAV-type losses need exactly one head, VISSL's ``swav_head`` (its inference
+    asserts it): any other head is a :class:`ConfigError` naming both and the fix."""
+    name = cfg.LOSS.name
+    if name not in VISSL_HEAD_LOSSES:
+        return
+    heads = [h[0] for h in (cfg.MODEL.HEAD.PARAMS or []) if isinstance(h, (list, tuple)) and h]
+    accepted = VISSL_HEAD_LOSSES[name]
+    if len(heads) == 1 and heads[0] in accepted:
+        return
+    fix = f"use VISSL's {accepted[0]} as the only head"
+    ours = PLUGIN_LOSS_FOR.get(name)
+    if ours and any(h.endswith("_plugin_head") for h in heads):
+        fix = f"use the plugin's loss (config.LOSS.name={ours}) with this head, or " + fix
+    raise ConfigError(
+        f"config.LOSS.name={name} (VISSL's loss) needs exactly one head, {' or '.join(accepted)}, "
+        f"but config.MODEL.HEAD.PARAMS has {heads}: {fix}"
+    )
+
+
+# -- config=<name>: the closest names of a missing config ------------------------------------
+def config_names() -> List[str]:
+    """Every ``config=<name>`` Hydra can resolve: the working directory's ``configs/config``,
+    the plugin's, VISSL's (also as ``vissl/<name>``)."""
+    names = set()
+    vissl_root = _vissl_configs_dir()
+    for root in (Path(os.getcwd()) / "configs" / "config", _our_configs_dir(), vissl_root):
+        if root is None or not root.is_dir():
+            continue
+        for f in _yaml_files(root):
+            name = f.relative_to(root).with_suffix("").as_posix()
+            names.add(name)
+            if root == vissl_root:
+                names.add(f"vissl/{name}")
+    return sorted(names)
+
+
+def closest_config_names(name: str, n: int = 5) -> List[str]:
+    """The ``n`` config names closest to ``name`` (whole name, then its last part)."""
+    names = config_names()
+    near = difflib.get_close_matches(name, names, n=n, cutoff=0.6)
+    if len(near) < n:
+        base = name.rsplit("/", 1)[-1]
+        by_base: Dict[str, List[str]] = {}
+        for full in names:
+            by_base.setdefault(full.rsplit("/", 1)[-1], []).append(full)
+        for b in difflib.get_close_matches(base, list(by_base), n=n, cutoff=0.6):
+            near += [f for f in by_base[b] if f not in near]
+    return near[:n]
+
+
+def _missing_config_name(overrides) -> Optional[str]:
+    for o in overrides:
+        if isinstance(o, str) and o.startswith("config=") and "," not in o:
+            return o[len("config="):]
+    return None
+
+
+def install() -> None:
+    """Wrap ``vissl.utils.hydra_config.compose_hydra_configuration`` (patch
+    ``plugin_config_names``): a ``config=<name>`` Hydra cannot find raises
+    :class:`UnknownConfigError` with the closest names."""
+    from vissl_swav_plugin import compat
+
+    def plugin_config_names():
+        import vissl.utils.hydra_config as hc
+        from hydra.errors import MissingConfigException
+
+        original = compat.raw(hc, "compose_hydra_configuration")
+
+        @functools.wraps(original)
+        def compose_hydra_configuration(overrides):
+            remember_overrides(overrides)
+            try:
+                return original(overrides)
+            except MissingConfigException as e:
+                name = _missing_config_name(overrides)
+                if name is None or f"config/{name}" not in str(e):
+                    raise
+                near = closest_config_names(name)
+                hint = f"; closest names: {', '.join(near)}" if near else "; no config has a close name"
+                raise UnknownConfigError(
+                    f"config={name}: no such config (looked for configs/config/{name}.yaml in the working "
+                    f"directory, the plugin's and VISSL's configs){hint}"
+                ) from e
+
+        compat.patch("plugin_config_names", hc, "compose_hydra_configuration", compose_hydra_configuration)
+
+    compat.register(plugin_config_names, now=True)
+
+
+install()
