@@ -49,6 +49,10 @@ Patches (in the order they are applied), by module:
 :mod:`vissl_swav_plugin.config.validation`
     ``plugin_config_inference`` -- VISSL's ``infer_losses_config`` also runs the inference
     and validation of the plugin's losses.
+:mod:`vissl_swav_plugin.config.vissl_schema`
+    ``plugin_config_names`` -- VISSL's ``compose_hydra_configuration``: a ``config=`` name
+    that no configs folder holds names the closest ones (and the overrides are recorded for
+    the check of inferred values).
 :mod:`vissl_swav_plugin.hooks.registry`
     ``plugin_loss_hooks`` -- VISSL's ``add_loss_hooks`` also adds the plugin's loss hooks.
 :mod:`vissl_swav_plugin.checks.run_wide`

@@ -9,6 +9,7 @@ full key (``config.LOSS.swav_plugin_loss.epsilon must be > 0, got 0``) before an
 is started.
 """
 import difflib
+import functools
 import os
 import numbers
 from typing import Callable, Dict, Iterable, List, Optional
@@ -78,9 +79,24 @@ def _leaves(block, prefix=""):
     return out
 
 
-def _vissl_default_loss_block(loss_name):
-    from vissl_swav_plugin.config.vissl_schema import vissl_defaults
+def load_yaml(path):
+    """A YAML file as plain containers (libyaml's loader where available)."""
+    import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with open(path) as f:
+        return yaml.load(f, Loader=loader)
+
+
+@functools.lru_cache(maxsize=1)
+def vissl_defaults() -> dict:
+    """VISSL's ``vissl/config/defaults.yaml``, its ``config`` block, as plain containers."""
+    import vissl
+
+    return load_yaml(os.path.join(os.path.dirname(os.path.abspath(vissl.__file__)), "config", "defaults.yaml"))["config"]
+
+
+def _vissl_default_loss_block(loss_name):
     return _leaves(((vissl_defaults().get("LOSS") or {}).get(loss_name)) or {})
 
 

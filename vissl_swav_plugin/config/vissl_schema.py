@@ -41,8 +41,10 @@ from vissl_swav_plugin.config.validation import (
     ConfigError,
     check_known_keys,
     register_config_check,
+    load_yaml as _load_yaml,
     register_pre_inference_check,
     remember_overrides,
+    vissl_defaults,
 )
 
 #: the marker of a leaf in a schema tree
@@ -56,12 +58,6 @@ OPEN_PATHS = {("MODEL", "AMP_PARAMS", "AMP_ARGS")}
 
 class UnknownConfigError(ConfigError):
     """``config=<name>`` names no config file; the message lists the closest names."""
-
-
-def _vissl_dir() -> Path:
-    import vissl
-
-    return Path(vissl.__file__).resolve().parent
 
 
 def _vissl_configs_dir() -> Optional[Path]:
@@ -83,20 +79,6 @@ def _our_configs_dir() -> Optional[Path]:
     except FileNotFoundError:
         return None
     return root if root.is_dir() else None
-
-
-def _load_yaml(path):
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    with open(path) as f:
-        return yaml.load(f, Loader=loader)
-
-
-@functools.lru_cache(maxsize=1)
-def vissl_defaults() -> dict:
-    """``vissl/config/defaults.yaml``'s ``config`` block, as plain containers."""
-    return _load_yaml(_vissl_dir() / "config" / "defaults.yaml")["config"]
 
 
 def _config_block(path) -> Optional[dict]:
