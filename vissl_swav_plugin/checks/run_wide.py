@@ -24,7 +24,8 @@ When the run is launched:
   (:func:`trunk_output_dim`);
 * at least one iteration per epoch when the dataset size is known
   (:func:`~vissl_swav_plugin.config.dataset_size.train_dataset_size`);
-* the local data paths of the splits the run reads exist and hold images;
+* the local data paths of the splits the run reads exist and hold images; their dataset
+  lists have one length, and a dataset name VISSL looks up in its catalog is registered;
 * settings that never act: a SwAV queue from ``queue.start_epoch >= num_epochs``,
   ``freeze_prototypes_niters >=`` the run's iterations (warnings).  DeepCluster-v2 /
   SeLa-v2 with more clusters than training samples: an error, registered by those losses
@@ -280,6 +281,52 @@ def check_data_paths(cfg) -> None:
                     f"{key}: {source} path {path}{dataset} holds no images in class sub-folders "
                     "(torchvision ImageFolder layout <path>/<class>/<image>)"
                 )
+
+
+@register_launch_check
+def check_dataset_lists(cfg) -> None:
+    """The dataset lists of every split the run reads, as VISSL's ``get_data_files`` will
+    read them in each worker: ``DATASET_NAMES``, ``DATA_SOURCES`` and a non-empty
+    ``DATA_PATHS`` / ``LABEL_PATHS`` of one length, and a dataset name that VISSL looks up
+    in its dataset catalog (no ``DATA_PATHS``, or no ``LABEL_PATHS``: VISSL then reads the
+    labels' path from the catalog) registered there, with the closest registered names
+    (the workers would raise a bare ``KeyError`` / ``AssertionError``)."""
+    import difflib
+
+    from vissl.data.dataset_catalog import VisslDatasetCatalog
+
+    for split in _splits_of_the_run(cfg):
+        data = cfg.DATA[split]
+        key = f"config.DATA.{split}"
+        names = list(data.get("DATASET_NAMES") or [])
+        sources = list(data.get("DATA_SOURCES") or [])
+        paths = list(data.get("DATA_PATHS") or [])
+        labels = list(data.get("LABEL_PATHS") or [])
+        if len(names) != len(sources):
+            raise ConfigError(
+                f"{key}.DATASET_NAMES has {len(names)} entries ({names}) but {key}.DATA_SOURCES has "
+                f"{len(sources)} ({sources}): give one name per data source"
+            )
+        for lst, what in ((paths, "DATA_PATHS"), (labels, "LABEL_PATHS")):
+            if lst and len(lst) != len(sources):
+                raise ConfigError(
+                    f"{key}.{what} has {len(lst)} entries ({lst}) but {key}.DATA_SOURCES has {len(sources)} "
+                    f"({sources}): give one path per data source, or none"
+                )
+        registered = VisslDatasetCatalog.list()
+        for i, (name, source) in enumerate(zip(names, sources)):
+            if source == "synthetic" or (paths and labels) or name in registered:
+                continue
+            missing = "DATA_PATHS" if not paths else "LABEL_PATHS"
+            near = difflib.get_close_matches(str(name), registered, n=3, cutoff=0.6)
+            raise ConfigError(
+                f"{key}.DATASET_NAMES[{i}]={name!r} is not in VISSL's dataset catalog"
+                + (f" (did you mean {', '.join(map(repr, near))}?)" if near else
+                   f" (registered: {sorted(registered) if registered else 'none'})")
+                + f", and {key}.{missing} is empty, so VISSL would look the {'data' if missing == 'DATA_PATHS' else 'labels'}"
+                f" up there: set {key}.{missing} (for a disk_folder, LABEL_PATHS is the same folder) or "
+                "register the dataset (VISSL's dataset_catalog.json)"
+            )
 
 
 def install() -> None:

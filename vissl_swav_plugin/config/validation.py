@@ -50,6 +50,26 @@ def register_config_check(fn):
     return fn
 
 
+_PLUGIN_KEYS: Dict[str, bool] = {}
+
+
+def register_plugin_config_keys(*keys: str, section: bool = False) -> None:
+    """Declare keys a plugin adds to VISSL's config (dotted, without ``config.``; e.g.
+    ``"DATA.TRAIN.NORMALIZE"``), so that the check of VISSL's sections
+    (:mod:`vissl_swav_plugin.config.vissl_schema`) accepts them.  ``section=True``: the key
+    is a mapping whose own keys its consumer checks (not looked into)."""
+    for key in keys:
+        parts = str(key).split(".")
+        for i in range(1, len(parts)):
+            _PLUGIN_KEYS.setdefault(".".join(parts[:i]), False)
+        _PLUGIN_KEYS[str(key)] = bool(section) or _PLUGIN_KEYS.get(str(key), False)
+
+
+def plugin_config_keys() -> Dict[str, bool]:
+    """``{dotted key: is a section}`` of :func:`register_plugin_config_keys`."""
+    return dict(_PLUGIN_KEYS)
+
+
 def register_pre_inference_check(fn):
     """Decorator: ``fn(cfg)`` checks every composed config *before* VISSL's loss inference
     (which fails with a bare ``AssertionError`` on some inputs, and adds keys of its own);
@@ -371,6 +391,7 @@ def hook_block(cfg, name, defaults, checks):
         hook_block(cfg, "PROGRESS", {"ENABLED": True, "FREQUENCY": 10},
                    {"ENABLED": require_bool, "FREQUENCY": require_int})
     """
+    register_plugin_config_keys(f"HOOKS.{name}", section=True)
     block = (cfg.get("HOOKS") or {}).get(name)
     if block is None:
         block = {}

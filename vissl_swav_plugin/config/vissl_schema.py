@@ -42,6 +42,8 @@ from vissl_swav_plugin.config.validation import (
     check_known_keys,
     register_config_check,
     load_yaml as _load_yaml,
+    plugin_config_keys,
+    register_plugin_config_keys,
     register_pre_inference_check,
     remember_overrides,
     vissl_defaults,
@@ -199,21 +201,37 @@ def open_paths() -> frozenset:
     return frozenset(out)
 
 
+#: the plugin's own sections, whose keys its own tables check (``hook_block`` and the
+#: trunk's, the losses' and ``dataset_stats``' checks); other modules add theirs with
+#: :func:`~vissl_swav_plugin.config.validation.register_plugin_config_keys`
+register_plugin_config_keys("HOOKS.PROGRESS", "HOOKS.COLLAPSE_DETECTOR", "HOOKS.ONLINE_KNN", "HOOKS.PRECISE_BN",
+                            "MODEL.TRUNK.RESNET_SMALL_PLUGIN", "DATA.TRAIN.NORMALIZE", "DATA.TEST.NORMALIZE",
+                            section=True)
+
+
 def _walk(block, schema, path):
     if not hasattr(block, "items") or tuple(path) in open_paths():
         return
+    plugin = plugin_config_keys()
+    here = ".".join(path)
+    if here and plugin.get(here):
+        return  # a plugin section: its own consumer checks its keys
+    prefix = f"{here}." if here else ""
+    added = {k[len(prefix):] for k in plugin if k.startswith(prefix) and "." not in k[len(prefix):]}
     if tuple(path) == SCHEDULER_PATH:
         for name, sched in block.items():
             if hasattr(sched, "items"):
                 check_known_keys(sched, scheduler_keys(), f"config.{'.'.join(path)}.{name}")
         return
     if not isinstance(schema, dict) or not schema:
-        return  # a leaf in the schema (a value, any type), or an open section
-    known = set(schema) | {k for k in block if is_open(path, k)}
+        schema = {} if added else schema
+        if not added:
+            return  # a leaf in the schema (a value, any type), or an open section
+    known = set(schema) | added | {k for k in block if is_open(path, k)}
     check_known_keys(block, known, "config." + ".".join(path) if path else "config")
     for key, value in block.items():
-        if key in schema:
-            _walk(value, schema[key], path + [str(key)])
+        if key in schema or key in added:
+            _walk(value, schema.get(key) if isinstance(schema, dict) else None, path + [str(key)])
 
 
 @register_pre_inference_check

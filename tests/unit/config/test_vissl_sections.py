@@ -398,3 +398,102 @@ def test_a_config_file_whose_value_contradicts_its_own_head_fails(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=rf"{L}\.num_prototypes=\[3000\] is replaced by the inferred value \[20\]"):
         compose(["config=stale"])
+
+
+# -- dataset lists VISSL's workers would reject --------------------------------------------------
+def _folder_cfg(tmp_path, *extra):
+    from testkit import make_image_folder
+
+    folder = make_image_folder(tmp_path / "imgs", classes=2, per_class=4, size=8)
+    return compose([QUICK, "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", "config.DATA.TRAIN.DATA_LIMIT=-1",
+                    f"config.DATA.TRAIN.DATA_PATHS=[{folder}]", *extra]), folder
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["config.DATA.TRAIN.DATASET_NAMES=[mine]"],
+     r"DATA\.TRAIN\.DATASET_NAMES\[0\]='mine' is not in VISSL's dataset catalog .*config\.DATA\.TRAIN\.LABEL_PATHS is empty"),
+    (["config.DATA.TRAIN.DATASET_NAMES=[mine]", "config.DATA.TRAIN.DATA_PATHS=[]"],
+     r"DATASET_NAMES\[0\]='mine' is not in VISSL's dataset catalog .*config\.DATA\.TRAIN\.DATA_PATHS is empty"),
+    (["config.DATA.TRAIN.DATASET_NAMES=[a,b]"], r"DATASET_NAMES has 2 entries .*DATA_SOURCES has 1"),
+    (["config.DATA.TRAIN.DATASET_NAMES=[a,b]", "config.DATA.TRAIN.DATA_SOURCES=[disk_folder,disk_folder]",
+      "config.DATA.TRAIN.DATA_PATHS=[{f},{f}]", "config.DATA.TRAIN.LABEL_PATHS=[{f}]"],
+     r"LABEL_PATHS has 1 entries .*DATA_SOURCES has 2"),
+])
+def test_dataset_lists_vissl_would_reject_in_the_workers_fail_at_launch(tmp_path, extra, match):
+    """VISSL's own ``get_data_files`` (what each worker calls) fails on these inputs with a
+    bare KeyError / AssertionError / IndexError; the launch check names the key first."""
+    from vissl.data.dataset_catalog import get_data_files
+
+    from vissl_swav_plugin.config.validation import ConfigError, run_launch_checks
+
+    folder = tmp_path / "imgs"
+    cfg, _ = _folder_cfg(tmp_path, *[e.replace("{f}", str(folder)) for e in extra])
+    with pytest.raises((KeyError, AssertionError, IndexError)):
+        get_data_files("TRAIN", cfg.DATA)
+    with pytest.raises(ConfigError, match=match):
+        run_launch_checks(cfg)
+
+
+def test_a_close_registered_dataset_name_is_suggested(tmp_path):
+    from vissl.data.dataset_catalog import VisslDatasetCatalog
+
+    from vissl_swav_plugin.config.validation import ConfigError, run_launch_checks
+
+    cfg, folder = _folder_cfg(tmp_path, "config.DATA.TRAIN.DATASET_NAMES=[my_test_foldr]")
+    VisslDatasetCatalog.register_data("my_test_folder", {"train": [str(folder), str(folder)], "val": ["", ""]})
+    try:
+        with pytest.raises(ConfigError, match=r"'my_test_foldr' is not in VISSL's dataset catalog \(did you mean 'my_test_folder'\?\)"):
+            run_launch_checks(cfg)
+        good, _ = _folder_cfg(tmp_path / "b", "config.DATA.TRAIN.DATASET_NAMES=[my_test_folder]")
+        run_launch_checks(good)  # registered: VISSL finds its labels' path in the catalog
+    finally:
+        VisslDatasetCatalog.remove("my_test_folder")
+
+
+def test_data_and_label_paths_given_need_no_catalog(tmp_path):
+    from vissl.data.dataset_catalog import get_data_files
+
+    from vissl_swav_plugin.config.validation import run_launch_checks
+
+    cfg, folder = _folder_cfg(tmp_path, "config.DATA.TRAIN.DATASET_NAMES=[mine]")
+    cfg.DATA.TRAIN.LABEL_PATHS = [str(folder)]
+    assert get_data_files("TRAIN", cfg.DATA)[0] == [str(folder)]
+    run_launch_checks(cfg)
+
+
+def test_an_unregistered_dataset_fails_in_the_launcher_before_any_worker(monkeypatch, tmp_path):
+    import torch.multiprocessing
+    from vissl.utils import distributed_launcher as dl
+
+    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.tools import launch
+    from testkit import make_image_folder
+
+    folder = make_image_folder(tmp_path / "imgs", classes=2, per_class=4, size=8)
+    started = []
+    monkeypatch.setattr(dl, "setup_logging", lambda *a, **k: None)
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", lambda *a, **k: started.append("start_processes"))
+    monkeypatch.setattr(torch.multiprocessing, "spawn", lambda *a, **k: started.append("spawn"))
+    monkeypatch.setattr(dl, "_distributed_worker", lambda *a, **k: started.append("_distributed_worker"))
+    with pytest.raises(ConfigError, match="not in VISSL's dataset catalog"):
+        launch.main([QUICK, f"config.CHECKPOINT.DIR={tmp_path}", "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+                     "config.DATA.TRAIN.DATA_LIMIT=-1", f"config.DATA.TRAIN.DATA_PATHS=[{folder}]",
+                     "config.DATA.TRAIN.DATASET_NAMES=[mine]"])
+    assert started == []
+
+
+def test_keys_a_plugin_registers_are_accepted(monkeypatch):
+    """A key another plugin adds is an unknown key until it is registered; a registered
+    section's own keys are left to its consumer."""
+    from vissl_swav_plugin.config import validation
+    from vissl_swav_plugin.config.validation import ConfigError, register_plugin_config_keys
+
+    monkeypatch.setattr(validation, "_PLUGIN_KEYS", dict(validation._PLUGIN_KEYS))
+    with pytest.raises(ConfigError, match=r"config\.MODEL\.MY_BLOCK: unknown key 'MY_BLOCK'"):
+        compose([QUICK, "+config.MODEL.MY_BLOCK={a:1}"])
+    register_plugin_config_keys("MODEL.MY_BLOCK", section=True)
+    register_plugin_config_keys("OTHER_PLUGIN.SETTING")
+    cfg = compose([QUICK, "+config.MODEL.MY_BLOCK={a:1,anything:2}", "+config.OTHER_PLUGIN.SETTING=3"])
+    assert cfg.MODEL.MY_BLOCK.anything == 2 and cfg.OTHER_PLUGIN.SETTING == 3
+    with pytest.raises(ConfigError, match=r"config\.OTHER_PLUGIN\.SETTNG: unknown key 'SETTNG' \(did you mean 'SETTING'\?\)"):
+        compose([QUICK, "+config.OTHER_PLUGIN.SETTNG=3"])
