@@ -287,6 +287,7 @@ def check_optimizer_values(cfg) -> None:
         return
     key = "config.OPTIMIZER"
     name = opt.get("name")
+    import vissl.optimizers  # noqa: F401  (registers VISSL's own optimizers: lars, sgd_fsdp, ...)
     from classy_vision.optim import OPTIMIZER_REGISTRY
 
     if name not in OPTIMIZER_REGISTRY:
