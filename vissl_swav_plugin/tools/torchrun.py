@@ -150,6 +150,9 @@ def main(argv=None):
 
     args, cfg = convert_to_attrdict(compose_hydra_configuration(argv), dump_config=layout["rank"] == 0)
     apply_layout(cfg, layout)
+    if args.node_id not in (0, layout["node_rank"]):
+        raise ConfigError(f"node_id={args.node_id} but torchrun gave this node GROUP_RANK={layout['node_rank']}: "
+                          "under torchrun the node index comes from torchrun --node_rank; drop node_id=")
     run_launch_checks(cfg)  # every rank, before the process group: see the module docstring
 
     setup_logging(__name__)
