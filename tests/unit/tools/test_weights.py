@@ -81,6 +81,67 @@ def test_export_gives_torchvision_model_with_vissl_features(tmp_path, trunk, tv_
     assert torch.allclose(got, want, atol=TOL, rtol=0), (got - want).abs().max()
 
 
+def _official_forward(sd, x, eps=1e-5):
+    """res5avg of a state dict with the official SwAV ResNet's names, computed as its
+    src/resnet50.py does (any width): zero pad 1, 7x7/2 conv with padding 2, BN, ReLU, 3x3/2
+    max-pool, bottlenecks (stride in the 3x3 conv), global average pool."""
+    import torch.nn.functional as F
+
+    def bn(t, p):
+        return F.batch_norm(t, sd[f"{p}.running_mean"], sd[f"{p}.running_var"], sd[f"{p}.weight"],
+                            sd[f"{p}.bias"], False, 0.0, eps)
+
+    x = F.conv2d(F.pad(x, (1, 1, 1, 1)), sd["conv1.weight"], stride=2, padding=2)
+    x = F.max_pool2d(F.relu(bn(x, "bn1")), 3, 2, 1)
+    for i in (1, 2, 3, 4):
+        b = 0
+        while f"layer{i}.{b}.conv1.weight" in sd:
+            p, stride = f"layer{i}.{b}", 2 if (i > 1 and b == 0) else 1
+            w2 = sd[f"{p}.conv2.weight"]
+            out = F.relu(bn(F.conv2d(x, sd[f"{p}.conv1.weight"]), f"{p}.bn1"))
+            out = F.relu(bn(F.conv2d(out, w2, stride=stride, padding=1, groups=w2.shape[0] // w2.shape[1]), f"{p}.bn2"))
+            out = bn(F.conv2d(out, sd[f"{p}.conv3.weight"]), f"{p}.bn3")
+            if f"{p}.downsample.0.weight" in sd:
+                x = bn(F.conv2d(x, sd[f"{p}.downsample.0.weight"], stride=stride), f"{p}.downsample.1")
+            x, b = F.relu(out + x), b + 1
+    return x.mean(dim=(2, 3))
+
+
+def test_export_of_a_wide_trunk_gives_the_official_swav_rn50w2(tmp_path, capsys):
+    """RN50w2 has no torchvision twin: its export computes what the official resnet50w2 does."""
+    _, model = _vissl_model(["config=pretrain/swav/swav_1gpu_resnet", "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=2"],
+                            seed=6)
+    torch.save({"classy_state_dict": {"base_model": model.get_classy_state()}}, tmp_path / "w2.torch")
+    del model.heads
+    assert w.export_main([str(tmp_path / "w2.torch"), str(tmp_path / "w2.pth")]) == 0
+    assert "resnet50w2()" in capsys.readouterr().out
+    state = torch.load(tmp_path / "w2.pth", weights_only=True)
+    assert state["conv1.weight"].shape[0] == 128 and state["layer4.2.conv3.weight"].shape[0] == 4096
+    x = torch.randn(2, 3, 48, 56, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        got = _official_forward(state, x)
+    want = _res5avg(model.trunk, x)
+    assert got.shape == want.shape == (2, 4096)
+    assert torch.allclose(got, want, atol=TOL, rtol=0), (got - want).abs().max()
+
+
+def test_export_then_import_gives_back_the_vissl_trunk(tmp_path):
+    """The round trip VISSL -> torchvision names -> VISSL keeps every trunk tensor and feature."""
+    from vissl.utils.checkpoint import init_model_from_consolidated_weights
+
+    _, model = _vissl_model(["config=pretrain/swav/swav_1gpu_resnet"], seed=8)
+    torch.save({"classy_state_dict": {"base_model": model.get_classy_state()}}, tmp_path / "a.torch")
+    assert w.export_main([str(tmp_path / "a.torch"), str(tmp_path / "tv.pth")]) == 0
+    assert w.import_main([str(tmp_path / "tv.pth"), str(tmp_path / "back.torch")]) == 0
+    config, other = _vissl_model(["config=pretrain/swav/swav_1gpu_resnet"], seed=9)
+    init_model_from_consolidated_weights(config, other, torch.load(tmp_path / "back.torch", weights_only=True),
+                                         "classy_state_dict", ["num_batches_tracked"])
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(_res5avg(other.trunk, x), _res5avg(model.trunk, x), atol=TOL, rtol=0)
+    a, b = model.trunk.state_dict(), other.trunk.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a if not k.endswith("num_batches_tracked"))
+
+
 def test_export_names_the_constructor_and_refuses_other_trunks(tmp_path, capsys):
     tv = torchvision.models.resnet101().state_dict()
     info = w.describe_trunk(OrderedDict((k, v) for k, v in tv.items() if not k.startswith("fc.")))
