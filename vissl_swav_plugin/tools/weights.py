@@ -33,6 +33,7 @@ containers only.  A file that needs more (any other Python object) is refused wi
 naming it -- a checkpoint from the internet must not run code when it is read.
 """
 import argparse
+import json
 import re
 import sys
 from collections import OrderedDict
@@ -210,8 +211,6 @@ def _head_settings(heads):
     use_bn = any(heads[k].dim() == 1 and k.endswith(".running_mean") for k in heads)
     protos = sorted((int(re.match(r"0\.prototypes(\d+)\.weight", k)[1]), int(v.shape[0]))
                     for k, v in heads.items() if k.startswith("0.prototypes"))
-    if not dims and protos:
-        dims = [int(heads["0.prototypes0.weight"].shape[1])] * 2  # no projection: not a plugin head
     return {"dims": dims, "use_bn": use_bn, "num_clusters": [k for _, k in protos]}
 
 
@@ -262,8 +261,8 @@ def import_main(argv=None):
                   f"config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP={info['width_per_group']}")
     print(f"swav-plugin-import: trunk settings: {trunk}")
     if head:
-        print(f"swav-plugin-import: head settings (to load the heads too): MODEL.HEAD.PARAMS "
-              f"[[\"swav_plugin_head\", {head}]]".replace("True", "true").replace("False", "false"))
+        print("swav-plugin-import: head settings (to load the heads too): MODEL.HEAD.PARAMS "
+              + json.dumps([["swav_plugin_head", head]]))
     print(f"swav-plugin-import: use it as config.MODEL.WEIGHTS_INIT.PARAMS_FILE={args.output}")
     return 0
 

@@ -54,12 +54,12 @@ def _res5avg(trunk, x):
 # ----------------------------------------------------------------------------------------
 # export
 # ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("trunk,tv_ctor,size", [
-    ([], torchvision.models.resnet50, 64),
+@pytest.mark.parametrize("trunk,tv_ctor,size,naming", [
+    ([], torchvision.models.resnet50, 64, "torchvision"),
+    ([], torchvision.models.resnet50, 80, "timm"),
     (["config.MODEL.TRUNK.RESNETS.GROUPS=32", "config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP=4"],
-     torchvision.models.resnext50_32x4d, 72),
+     torchvision.models.resnext50_32x4d, 72, "torchvision"),
 ])
-@pytest.mark.parametrize("naming", ["torchvision", "timm"])
 def test_export_gives_torchvision_model_with_vissl_features(tmp_path, trunk, tv_ctor, size, naming):
     config, model = _vissl_model(["config=pretrain/swav/swav_1gpu_resnet"] + trunk, seed=1)
     # the checkpoint as VISSL's checkpoint hook writes it: task.get_classy_state() holds the model's
