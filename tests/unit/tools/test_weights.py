@@ -4,7 +4,8 @@ Truths: torchvision's own ResNet forward (export: the exported state dict in
 ``torchvision.models.*`` gives VISSL's ``res5avg``), the official SwAV model's forward as
 ``src/resnet50.py`` computes it (import: zero padding 1 + 7x7 conv with padding 2, the
 torchvision blocks, projection MLP -> L2 norm -> prototypes), loaded back through VISSL's
-own model building and ``init_model_from_consolidated_weights`` as its benchmarks do.
+own model building and ``MODEL.WEIGHTS_INIT`` path (``CheckpointLoader`` +
+``init_model_from_weights_params_file``) as its benchmarks do.
 """
 import argparse
 from collections import OrderedDict
@@ -213,7 +214,7 @@ def _official_file(path, hidden, dim, protos, wrapped=True, seed=2):
     (0, 24, [7, 11], False),     # a released-style state dict: linear projection, two prototype sets
 ])
 def test_import_official_checkpoint_loads_through_vissl_weights_init(tmp_path, hidden, dim, protos, wrapped, capsys):
-    from vissl.utils.checkpoint import init_model_from_consolidated_weights
+    from vissl.utils.checkpoint import CheckpointLoader
 
     official = _official_file(tmp_path / "swav_official.pth.tar", hidden, dim, protos, wrapped)
     out = tmp_path / "imported.torch"
@@ -231,8 +232,10 @@ def test_import_official_checkpoint_loads_through_vissl_weights_init(tmp_path, h
     # 1. the pre-training config (trunk + SwAV head), as VISSL's WEIGHTS_INIT loads it
     config, model = _vissl_model(["config=pretrain/swav/swav_1gpu_resnet"], head=head, seed=3)
     assert not torch.allclose(_res5avg(model.trunk, x), feats, atol=1e-2)  # a different init before
-    ckpt = torch.load(out, weights_only=True)
-    init_model_from_consolidated_weights(config, model, ckpt, "classy_state_dict", [])
+    # VISSL's engine path for MODEL.WEIGHTS_INIT.PARAMS_FILE (train_task._build_model): its reader
+    # (with the plugin's checksum check of the file the import wrote) and the model's init
+    ckpt = CheckpointLoader.load_and_broadcast_init_weights(str(out), torch.device("cpu"))
+    model.init_model_from_weights_params_file(config, ckpt)
     assert torch.allclose(_res5avg(model.trunk, x), feats, atol=TOL, rtol=0)
     with torch.no_grad():
         got = model.heads[0](_res5avg(model.trunk, x))
@@ -247,8 +250,7 @@ def test_import_official_checkpoint_loads_through_vissl_weights_init(tmp_path, h
     # 3. VISSL's linear benchmark (feature-extractor model, heads not loaded)
     config, bench = _vissl_model(
         ["config=benchmark/linear_image_classification/imagenet1k/eval_resnet_8gpu_transfer_in1k_linear"], seed=5)
-    init_model_from_consolidated_weights(config, bench, ckpt, config.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME,
-                                         config.MODEL.WEIGHTS_INIT.SKIP_LAYERS)
+    bench.init_model_from_weights_params_file(config, ckpt)
     assert torch.allclose(_res5avg(bench.trunk.base_model, x), feats, atol=TOL, rtol=0)
 
 
