@@ -42,7 +42,7 @@ from pathlib import Path
 from vissl_swav_plugin.tools.to_detectron2 import ConversionError, extract_trunk, to_torchvision_names
 
 __all__ = ["WeightsError", "safe_load", "export_trunk", "describe_trunk", "official_to_vissl",
-           "import_official", "export_main", "import_main"]
+           "import_official", "export_main", "import_main", "main"]
 
 NAMINGS = ("torchvision", "timm")
 _TV_DEPTHS = {(3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152, (3, 24, 36, 3): 200}
@@ -260,12 +260,25 @@ def import_main(argv=None):
         trunk += (f" config.MODEL.TRUNK.RESNETS.GROUPS={info['groups']} "
                   f"config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP={info['width_per_group']}")
     print(f"swav-plugin-import: trunk settings: {trunk}")
-    if head:
+    if not head:
+        print("swav-plugin-import: note: no projection head or prototypes in the file: the trunk only "
+              "(enough for the benchmarks; a SwAV head stays as initialised)")
+    else:
         print("swav-plugin-import: head settings (to load the heads too): MODEL.HEAD.PARAMS "
               + json.dumps([["swav_plugin_head", head]]))
     print(f"swav-plugin-import: use it as config.MODEL.WEIGHTS_INIT.PARAMS_FILE={args.output}")
     return 0
 
 
+def main(argv=None):
+    """``python -m vissl_swav_plugin.tools.weights export|import ...`` (the two console scripts)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("export", "import"):
+        print("usage: python -m vissl_swav_plugin.tools.weights export|import ... (swav-plugin-export / "
+              "swav-plugin-import)", file=sys.stderr)
+        return 2
+    return (export_main if argv[0] == "export" else import_main)(argv[1:])
+
+
 if __name__ == "__main__":
-    sys.exit(export_main())
+    sys.exit(main())

@@ -126,14 +126,15 @@ def test_export_of_a_wide_trunk_gives_the_official_swav_rn50w2(tmp_path, capsys)
     assert torch.allclose(got, want, atol=TOL, rtol=0), (got - want).abs().max()
 
 
-def test_export_then_import_gives_back_the_vissl_trunk(tmp_path):
+def test_export_then_import_gives_back_the_vissl_trunk(tmp_path, capsys):
     """The round trip VISSL -> torchvision names -> VISSL keeps every trunk tensor and feature."""
     from vissl.utils.checkpoint import init_model_from_consolidated_weights
 
     _, model = _vissl_model(["config=pretrain/swav/swav_1gpu_resnet"], seed=8)
     torch.save({"classy_state_dict": {"base_model": model.get_classy_state()}}, tmp_path / "a.torch")
-    assert w.export_main([str(tmp_path / "a.torch"), str(tmp_path / "tv.pth")]) == 0
-    assert w.import_main([str(tmp_path / "tv.pth"), str(tmp_path / "back.torch")]) == 0
+    assert w.main(["export", str(tmp_path / "a.torch"), str(tmp_path / "tv.pth")]) == 0
+    assert w.main(["import", str(tmp_path / "tv.pth"), str(tmp_path / "back.torch")]) == 0
+    assert "the trunk only" in capsys.readouterr().out
     config, other = _vissl_model(["config=pretrain/swav/swav_1gpu_resnet"], seed=9)
     init_model_from_consolidated_weights(config, other, torch.load(tmp_path / "back.torch", weights_only=True),
                                          "classy_state_dict", ["num_batches_tracked"])
