@@ -26,6 +26,8 @@ CONSOLE_SCRIPTS = [
     "swav-plugin-knn = vissl_swav_plugin.tools.knn_eval:main",
     "swav-plugin-label-subsets = vissl_swav_plugin.tools.label_subsets:main",
     "swav-plugin-eval = vissl_swav_plugin.tools.feature_eval:main",
+    "swav-plugin-export = vissl_swav_plugin.tools.weights:export_main",
+    "swav-plugin-import = vissl_swav_plugin.tools.weights:import_main",
 ]
 
 

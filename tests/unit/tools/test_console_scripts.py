@@ -8,4 +8,5 @@ from console_scripts_cases import SCRIPTS  # noqa: F401
 
 def test_expected_scripts_listed():
     assert {"swav-plugin-demo", "swav-plugin-train", "swav-plugin-prepare-data", "swav-plugin-mean-std",
-            "swav-plugin-to-detectron2", "swav-plugin-knn"} <= set(SCRIPTS)
+            "swav-plugin-to-detectron2", "swav-plugin-knn", "swav-plugin-export",
+            "swav-plugin-import"} <= set(SCRIPTS)
