@@ -1,8 +1,8 @@
 """Every GPU figure of the project in one command: ``make gpu-check`` (or
 ``python benchmarks/gpu_check.py --out gpu_check``) on a CUDA machine writes
 ``<out>/gpu_check.json`` and ``<out>/gpu_check.md`` (a table naming the card, driver, torch,
-CUDA, Python and date).  ``--dry-run`` runs the same code on the CPU at tiny sizes (about a
-minute on 2 cores; ``make test`` runs it, tests/integration/benchmarks/test_gpu_check.py).
+CUDA, Python and date).  ``--dry-run`` runs the same code on the CPU at tiny sizes, fp16 autocast included
+(about a minute on 2 cores; ``make test`` runs it, tests/integration/benchmarks/test_gpu_check.py).
 
 Sections (each runs in its own subprocess with its own time limit; one that fails or runs
 out of time is recorded as an error in the JSON and the others still run):
@@ -172,12 +172,17 @@ def section_train_step(dry):
         trunk="small" if dry else "resnet50", width=8, batch=4 if dry else 64,
         crops="2x32,2x16" if dry else "2x224,6x96", K=20 if dry else 3000,
         dims="2048,32,16" if dry else "2048,2048,128", queue=0, steps=2 if dry else 20,
-        warmup=1 if dry else 5, device=device.type, amp="off" if dry else "float16")
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+        warmup=1 if dry else 5, device=device.type, amp="float16")
+    torch.set_num_threads(1 if dry else max(1, os.cpu_count() or 1))
     import vissl  # noqa: F401
 
-    bt._init_dist()
     cuda = device.type == "cuda"
+    if cuda:  # DDP on CUDA tensors: NCCL, one process (bench_train_step's own group is gloo, for the CPU)
+        import torch.distributed as dist
+
+        os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{bt._free_port()}", world_size=1, rank=0)
+    bt._init_dist()
     with tempfile.TemporaryDirectory() as tmp:
         a, b, batch = bt.build_pair(p, tmp)
         times = {"vissl": [], "ours": []}
@@ -232,7 +237,6 @@ def section_pretrain(dry):
             ov += [
                 "config.DATA.TRAIN.DEFAULT_GRAY_IMG_SIZE=40", "config.DATA.NUM_DATALOADER_WORKERS=0",
                 "config.MACHINE.DEVICE=cpu", "config.DISTRIBUTED.BACKEND=gloo",
-                "config.MODEL.AMP_PARAMS.USE_AMP=False",
                 "config.MODEL.TRUNK.NAME=resnet_small_plugin", "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
                 "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
                 "config.LOSS.swav_plugin_loss.num_prototypes=[20]", "config.LOSS.swav_plugin_loss.embedding_dim=16",
@@ -277,7 +281,7 @@ def section_pretrain(dry):
     steady = btimes[len(btimes) // 2:] if btimes else []
     return dict(
         config="pretrain/swav/swav_1gpu_resnet", iterations=len(losses), batch=batch,
-        amp="off (CPU dry run)" if dry else "float16", data="synthetic " + ("40 px" if dry else "320 px"),
+        amp="float16", data="synthetic " + ("40 px" if dry else "320 px"),
         loss_first=losses[0], loss_last=losses[-1], loss_mean_first_fifth=first, loss_mean_last_fifth=last,
         loss_finite=all(map(_finite, losses)), loss_falling=last < first, nonfinite_guard_fired=guard,
         wall_s=wall, images_per_s=(batch * 1e3 / statistics.median(steady)) if steady else None,

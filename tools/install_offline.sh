@@ -11,9 +11,20 @@ VENV=${2:-.gpu-venv}
 PY=${PY:-python3}
 ls "$BUNDLE"/vissl-0.1.6-*.whl >/dev/null 2>&1 \
   || { echo "install_offline: no vissl wheel in $BUNDLE/ (run tools/make_offline_bundle.sh)" >&2; exit 2; }
+if [ "$VENV" != none ] && "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+  # $PY is itself a virtual environment: a venv made from it would not see its packages
+  echo "install_offline: $PY is a virtual environment: installing into it (not into $VENV)" >&2
+  # $VENV/bin/python (what `make gpu-check` runs) becomes a wrapper of that interpreter
+  mkdir -p "$VENV/bin"
+  printf '#!/bin/sh\nexec "%s" "$@"\n' "$("$PY" -c 'import sys; print(sys.executable)')" > "$VENV/bin/python"
+  chmod +x "$VENV/bin/python"
+  VENV=none
+fi
 if [ "$VENV" != none ]; then
   [ -x "$VENV/bin/python" ] || "$PY" -m venv --system-site-packages "$VENV"
   PY=$VENV/bin/python
+  "$PY" -c "import torch" 2>/dev/null \
+    || { echo "install_offline: $VENV does not see a torch (is torch installed for $PY?)" >&2; exit 2; }
 fi
 PIP="$PY -m pip --disable-pip-version-check"
 # everything but Classy Vision, then Classy Vision 0.7.0 over the copy inside the vissl wheel

@@ -51,8 +51,10 @@ def test_dry_run_measures_every_section(dry_run):
         assert s[lab]["ratio_vissl_over_ours"] == pytest.approx(s[lab]["vissl_ms"] / s[lab]["ours_ms"])
     assert s["fp16_autocast"]["scores_dtype"] == "float16"
     assert t["ratio_ours_over_vissl"] == pytest.approx(t["ours_ms"] / t["vissl_ms"])
-    # same weights and batch: the two SwAV implementations' first losses agree
-    assert t["first_loss"]["ours"] == pytest.approx(t["first_loss"]["vissl"], rel=1e-4)
+    # same weights and batch: the two SwAV implementations' first losses agree, to fp16's
+    # precision (the step runs under fp16 autocast, as on the GPU; VISSL's loss stays in fp16)
+    assert t["amp"] == "float16"
+    assert t["first_loss"]["ours"] == pytest.approx(t["first_loss"]["vissl"], rel=2e-3)
     p = doc["results"]["pretrain"]
     assert p["loss_finite"] and not p["nonfinite_guard_fired"] and p["iterations"] > 1
     b = doc["bound"]
