@@ -28,7 +28,7 @@ out of time is recorded as an error in the JSON and the others still run):
                     wall time and 20-NN accuracy (target: >= 90% within 15 minutes on one H100).
 
 usage: python benchmarks/gpu_check.py [--out DIR] [--dry-run] [--sections a,b,...]
-         [--fashion-mnist DIR] [--limit SECONDS]
+         [--fashion-mnist DIR] [--limit SECONDS] [--demo-args "OPTIONS"]
 Exit code 0 when every section ran, 1 when one failed (its error is in the JSON).
 With ``--sections`` the named sections are (re)measured and the others kept from an
 existing ``<out>/gpu_check.json``, so a run split over several calls still makes one table.
@@ -39,6 +39,7 @@ import gzip
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -315,7 +316,9 @@ def section_input_pipeline(dry):
     batch = 4 if dry else 64
     recipe_name = "2x32+4x16" if dry else "2x224+6x96"
     size = (48, 40) if dry else (500, 375)  # ImageNet's typical image size
-    n = 16 if dry else max(64 * 2 * workers, 1024)
+    # the steady rate is timed from batch 2 x workers on (the prefetched ones consumed): 16
+    # batches more than that on the GPU machine (2 in the dry run)
+    n = batch * (2 * workers + (2 if dry else 16))
     args = argparse.Namespace(workers=workers, batch=batch)
     with tempfile.TemporaryDirectory() as tmp:
         folder = _write_jpegs(os.path.join(tmp, "images"), n, size)
@@ -345,7 +348,7 @@ def _write_fake_fashion_mnist(root, n_train, n_test, seed=0):
     return root
 
 
-def section_demo(dry, fashion_mnist=FASHION_MNIST):
+def section_demo(dry, fashion_mnist=FASHION_MNIST, demo_args=""):
     _device(dry)
     with tempfile.TemporaryDirectory() as tmp:
         if dry:
@@ -360,6 +363,7 @@ def section_demo(dry, fashion_mnist=FASHION_MNIST):
                                    "offline bundle's fashion-mnist/ folder and pass --fashion-mnist)")
             source = fashion_mnist
             opts = ["--device", "gpu", "--train-per-class", "6000", "--test-per-class", "1000"]
+        opts += shlex.split(demo_args)
         out = os.path.join(tmp, "demo_output")
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "demo.py"), *opts, "--source", source,
@@ -372,7 +376,8 @@ def section_demo(dry, fashion_mnist=FASHION_MNIST):
             report = json.load(f)
     summ = report.get("summary", {})
     return dict(options=" ".join(opts), wall_s=wall, wall_min=wall / 60, knn20_swav=summ.get("knn20_swav"),
-                knn20_random_init=summ.get("knn20_random_init"), train_images=6000 * 10 if not dry else 80,
+                knn20_random_init=summ.get("knn20_random_init"), seed=report.get("config", {}).get("seed"),
+                train_images=6000 * 10 if not dry else 80,
                 summary=summ, target_knn20_at_least_90_within_15_min=(
                     summ.get("knn20_swav") is not None and summ["knn20_swav"] >= 90 and wall <= 900))
 
@@ -383,7 +388,7 @@ RUNNERS = {"sinkhorn": section_sinkhorn, "train_step": section_train_step, "pret
 
 # --------------------------------------------------------------------------- parent
 
-def run_section(name, dry, fashion_mnist, limit=None):
+def run_section(name, dry, fashion_mnist, limit=None, demo_args=""):
     """Run one section in a subprocess with its time limit (``limit`` seconds, default
     :data:`LIMITS`); its result dict, or ``{"error": ...}`` (with the end of its output)
     when it failed or ran out of time."""
@@ -391,7 +396,7 @@ def run_section(name, dry, fashion_mnist, limit=None):
     with tempfile.TemporaryDirectory() as tmp:
         res_path = os.path.join(tmp, "result.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-out", res_path,
-               "--fashion-mnist", fashion_mnist] + (["--dry-run"] if dry else [])
+               "--fashion-mnist", fashion_mnist, "--demo-args=" + demo_args] + (["--dry-run"] if dry else [])
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -504,6 +509,7 @@ def main(argv=None):
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: checks the code, measures nothing")
     p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
     p.add_argument("--fashion-mnist", default=FASHION_MNIST, help="folder of the four Fashion-MNIST .gz files")
+    p.add_argument("--demo-args", default="", help="extra options of tools/demo.py, e.g. '--epochs 5'")
     p.add_argument("--limit", type=float, default=None,
                    help="time limit of each section, seconds (default: per section, see LIMITS)")
     p.add_argument("--child", choices=SECTIONS, help=argparse.SUPPRESS)
@@ -511,7 +517,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.child:
         fn = RUNNERS[args.child]
-        res = fn(args.dry_run, args.fashion_mnist) if args.child == "demo" else fn(args.dry_run)
+        res = fn(args.dry_run, args.fashion_mnist, args.demo_args) if args.child == "demo" else fn(args.dry_run)
         with open(args.child_out, "w") as f:
             json.dump(res, f)
         return 0
@@ -530,7 +536,7 @@ def main(argv=None):
         p.error("no CUDA device is visible; on a CPU machine use --dry-run")
     for name in names:
         print(f"gpu_check: {name} ...", flush=True)
-        doc["results"][name] = run_section(name, args.dry_run, args.fashion_mnist, args.limit)
+        doc["results"][name] = run_section(name, args.dry_run, args.fashion_mnist, args.limit, args.demo_args)
         doc["bound"] = summarize(doc["results"])
         write(args.out, doc)
         err = doc["results"][name].get("error")

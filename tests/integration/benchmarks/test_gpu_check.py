@@ -34,7 +34,7 @@ def _numbers(d):
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
-    proc = _run(out)
+    proc = _run(out, "--demo-args", "--seed 3")
     assert proc.returncode == 0, proc.stdout[-5000:]
     return out, json.loads((out / "gpu_check.json").read_text()), (out / "gpu_check.md").read_text()
 
@@ -55,6 +55,7 @@ def test_dry_run_measures_every_section(dry_run):
     # precision (the step runs under fp16 autocast, as on the GPU; VISSL's loss stays in fp16)
     assert t["amp"] == "float16"
     assert t["first_loss"]["ours"] == pytest.approx(t["first_loss"]["vissl"], rel=2e-3)
+    assert doc["results"]["demo"]["seed"] == 3  # --demo-args reached tools/demo.py (its own report)
     p = doc["results"]["pretrain"]
     assert p["loss_finite"] and not p["nonfinite_guard_fired"] and p["iterations"] > 1
     b = doc["bound"]
