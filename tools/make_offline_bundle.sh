@@ -28,4 +28,7 @@ else
   echo "make_offline_bundle: warning: no Fashion-MNIST in $FM (the demo section will need it)" >&2
 fi
 n=$(ls "$BUNDLE"/*.whl | wc -l)
+# a lent GPU machine may take at most 64 MiB of working tree and carried folders together
+mb=$(du -sm "$BUNDLE" | cut -f1)
+[ "$mb" -le 60 ] || echo "make_offline_bundle: warning: $BUNDLE is $mb MiB (a 64 MiB transfer limit leaves little room)" >&2
 echo "offline bundle: $n wheels in $BUNDLE ($(du -sh "$BUNDLE" | cut -f1)); install with tools/install_offline.sh $BUNDLE"
