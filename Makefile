@@ -7,7 +7,12 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.deps-$(shell cat requirements-host.txt setup.py vissl_swav_plugin.pth | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast lint demo bench clean-venv
+BUNDLE  ?= offline_bundle
+GPU_VENV ?= .gpu-venv
+GPU_OUT ?= gpu_check
+GPU_CHECK_ARGS ?=
+
+.PHONY: venv test test-fast lint demo bench bundle gpu-venv gpu-check clean-venv
 
 venv: $(STAMP)
 
@@ -31,6 +36,18 @@ demo: venv
 
 bench: venv
 	for b in benchmarks/bench_*.py; do $(VPY) $$b || exit 1; done
+
+# Offline GPU machine (docs/gpu.md): `make bundle` here (network), then there, offline,
+# `make gpu-check` installs the bundle into $(GPU_VENV) (sees the system's CUDA torch) and
+# writes $(GPU_OUT)/gpu_check.json and gpu_check.md.  The CPU dry run is part of `make test`.
+bundle:
+	bash tools/make_offline_bundle.sh "$(BUNDLE)"
+
+gpu-venv:
+	bash tools/install_offline.sh "$(BUNDLE)" "$(GPU_VENV)"
+
+gpu-check: gpu-venv
+	$(GPU_VENV)/bin/python benchmarks/gpu_check.py --out "$(GPU_OUT)" --fashion-mnist "$(BUNDLE)/fashion-mnist" $(GPU_CHECK_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -87,6 +87,11 @@ def overrides(variant, args, ckpt_dir):
         f"config.CHECKPOINT.DIR={ckpt_dir}",
         "config.CHECKPOINT.AUTO_RESUME=False",
     ]
+    if getattr(args, "device", "cpu") == "cuda":
+        common += ["config.MACHINE.DEVICE=gpu"]
+    if getattr(args, "amp", "off") != "off":  # VISSL's native AMP; AMP_DTYPE is the plugin's key
+        common += ["config.MODEL.AMP_PARAMS.USE_AMP=True", "config.MODEL.AMP_PARAMS.AMP_TYPE=pytorch",
+                   f"config.MODEL.AMP_PARAMS.AMP_DTYPE={args.amp}"]
     if args.trunk == "small":
         common += ["config.MODEL.TRUNK.NAME=resnet_small_plugin",
                    f"+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={{WIDTH:{args.width},DEPTH:10}}"]
@@ -167,11 +172,16 @@ class Runner:
         self.task.data_iterator = _Replay(batch, len(self.task.data_iterator))
 
     def step(self):
+        cuda = torch.cuda.is_available() and self.task.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         task = self.step_fn(self.task)
         task.iteration += 1
         task.local_iteration_num += 1
         task.run_hooks("on_step")
+        if cuda:
+            torch.cuda.synchronize()
         dt = (time.perf_counter() - t0) * 1e3
         self.step_losses.append(float(task.last_batch.loss))
         return dt

@@ -1,0 +1,553 @@
+"""Every GPU figure of the project in one command: ``make gpu-check`` (or
+``python benchmarks/gpu_check.py --out gpu_check``) on a CUDA machine writes
+``<out>/gpu_check.json`` and ``<out>/gpu_check.md`` (a table naming the card, driver, torch,
+CUDA, Python and date).  ``--dry-run`` runs the same code on the CPU at tiny sizes, fp16 autocast included
+(about a minute on 2 cores; ``make test`` runs it, tests/integration/benchmarks/test_gpu_check.py).
+
+Sections (each runs in its own subprocess with its own time limit; one that fails or runs
+out of time is recorded as an error in the JSON and the others still run):
+
+``sinkhorn``        Sinkhorn-Knopp on B x K scores (4096 x 3000), the plugin's
+                    ``sinkhorn_knopp`` against VISSL 0.1.6's built-in path
+                    (``benchmarks/bench_sinkhorn.py``), fp32 and under fp16 autocast: ms per
+                    call, ratio VISSL / ours, target < 1 ms (ours, fp32) on an H100; the codes
+                    under autocast equal the fp32 codes of the same scores within 1e-5.
+``train_step``      One ResNet-50 multi-crop training step (2x224 + 6x96, batch 64, fp16 AMP)
+                    through VISSL's ``standard_train_step``: the plugin's SwAV against VISSL's
+                    built-in SwAV in the same process (``benchmarks/bench_train_step.py``):
+                    ms/step, ratio ours / VISSL (target <= 1.0), peak CUDA memory of each.
+``pretrain``        ``config=pretrain/swav/swav_1gpu_resnet`` (fp16 AMP) for 200 iterations
+                    through VISSL's launcher on generated images (VISSL's ``synthetic`` source
+                    at 320 px): the loss is finite and falls, the non-finite guard never
+                    fired, images/s.
+``input_pipeline``  The plugin's input pipeline (JPEG decode, multi-crop, collate; VISSL's
+                    loader) with one worker per core, images/s, against the GPU step's
+                    images/s (from ``train_step``): which of the two bounds a run.
+``demo``            ``tools/demo.py --device gpu`` on the full Fashion-MNIST training set
+                    (60,000 images; 10,000 test images) with the evaluation protocols: its
+                    wall time and 20-NN accuracy (target: >= 90% within 15 minutes on one H100).
+
+usage: python benchmarks/gpu_check.py [--out DIR] [--dry-run] [--sections a,b,...]
+         [--fashion-mnist DIR] [--limit SECONDS] [--demo-args "OPTIONS"]
+Exit code 0 when every section ran, 1 when one failed (its error is in the JSON).
+With ``--sections`` the named sections are (re)measured and the others kept from an
+existing ``<out>/gpu_check.json``, so a run split over several calls still makes one table.
+"""
+import argparse
+import datetime
+import gzip
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+SECTIONS = ("sinkhorn", "train_step", "pretrain", "input_pipeline", "demo")
+# wall-clock limit of each section's subprocess, seconds (GPU run / dry run)
+LIMITS = {"sinkhorn": (90, 120), "train_step": (180, 240), "pretrain": (300, 240),
+          "input_pipeline": (120, 180), "demo": (900, 300)}
+FASHION_MNIST = os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
+FM_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+            "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _device(dry):
+    import torch
+
+    if dry:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device is visible (use --dry-run on a CPU machine)")
+    return torch.device("cuda")
+
+
+def _bench_module(name):
+    sys.path.insert(0, HERE)
+    import importlib
+
+    return importlib.import_module(name)
+
+
+def _env(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def machine_info():
+    """Card, driver, torch, CUDA, Python, CPU, date of this run."""
+    import torch
+
+    info = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+                cpu=_cpu_model(), cpu_cores=os.cpu_count(), card=None, driver=None)
+    if torch.cuda.is_available():
+        info["card"] = torch.cuda.get_device_name()
+        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30)
+            info["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return info
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# --------------------------------------------------------------------------- sections
+
+def section_sinkhorn(dry):
+    import torch
+
+    import vissl  # noqa: F401  (registers the plugin, applies the compat patches)
+
+    bs = _bench_module("bench_sinkhorn")
+    device = _device(dry)
+    B, K, repeats, warmup = (64, 20, 3, 1) if dry else (4096, 3000, 25, 5)
+    eps, niters = 0.05, 3
+    run = bs.timer(device)
+    # fp16 autocast: the scores come out of the autocast matmul (fp16), as in training
+    amp_dtype = torch.float16
+
+    def scores_for(autocast):
+        g = torch.Generator().manual_seed(0)
+        z = torch.nn.functional.normalize(torch.randn(B, 128, generator=g), dim=1).to(device)
+        c = torch.nn.functional.normalize(torch.randn(K, 128, generator=g), dim=1).to(device)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast):
+            return z @ c.t()
+
+    res = dict(B=B, K=K, iters=niters, eps=eps, repeats=repeats, device=device.type)
+    for label, autocast in (("fp32", False), ("fp16_autocast", True)):
+        scores = scores_for(autocast)
+        fns = {"ours": lambda: bs.ours_path(scores, eps, niters), "vissl": lambda: bs.vissl_path(scores, eps, niters)}
+        times = {k: [] for k in fns}
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast):
+            for _ in range(warmup):
+                for fn in fns.values():
+                    fn()
+            for r in range(repeats):
+                for k in (("ours", "vissl") if r % 2 == 0 else ("vissl", "ours")):
+                    times[k].append(run(fns[k]))
+            q = {k: fn().float() for k, fn in fns.items()}
+        # the reference: the same scores in fp32, ours, no autocast
+        ref = bs.ours_path(scores.float(), eps, niters).float()
+        med = {k: statistics.median(v) for k, v in times.items()}
+        vissl_finite = bool(torch.isfinite(q["vissl"]).all())
+        res[label] = dict(
+            scores_dtype=str(scores.dtype).replace("torch.", ""), ours_ms=med["ours"], vissl_ms=med["vissl"],
+            ratio_vissl_over_ours=med["vissl"] / med["ours"],
+            ours_max_abs_diff_to_fp32=float((q["ours"] - ref).abs().max()),
+            vissl_codes_finite=vissl_finite,
+            vissl_max_abs_diff_to_fp32=float((q["vissl"] - ref).abs().max()) if vissl_finite else None)
+    res["target_ours_fp32_below_1ms"] = res["fp32"]["ours_ms"] < 1.0
+    res["codes_within_1e-5_under_autocast"] = res["fp16_autocast"]["ours_max_abs_diff_to_fp32"] <= 1e-5
+    return res
+
+
+def section_train_step(dry):
+    import torch
+
+    bt = _bench_module("bench_train_step")
+    device = _device(dry)
+    p = argparse.Namespace(
+        trunk="small" if dry else "resnet50", width=8, batch=4 if dry else 64,
+        crops="2x32,2x16" if dry else "2x224,6x96", K=20 if dry else 3000,
+        dims="2048,32,16" if dry else "2048,2048,128", queue=0, steps=2 if dry else 20,
+        warmup=1 if dry else 5, device=device.type, amp="float16")
+    torch.set_num_threads(1 if dry else max(1, os.cpu_count() or 1))
+    import vissl  # noqa: F401
+
+    cuda = device.type == "cuda"
+    if cuda:  # DDP on CUDA tensors: NCCL, one process (bench_train_step's own group is gloo, for the CPU)
+        import torch.distributed as dist
+
+        os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{bt._free_port()}", world_size=1, rank=0)
+    bt._init_dist()
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b, batch = bt.build_pair(p, tmp)
+        times = {"vissl": [], "ours": []}
+        with bt._quiet():
+            for i in range(p.warmup + p.steps):
+                for r in ((a, b) if i % 2 == 0 else (b, a)):
+                    t = r.step()
+                    if i >= p.warmup:
+                        times[r.variant].append(t)
+            mem = {}
+            for r in (a, b):  # peak memory of each variant's steps, measured one after the other
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    before = torch.cuda.memory_allocated()
+                for _ in range(2):
+                    r.step()
+                if cuda:
+                    peak = torch.cuda.max_memory_allocated()
+                    mem[r.variant] = dict(peak_mb=peak / 2**20, step_transient_mb=(peak - before) / 2**20)
+                else:
+                    mem[r.variant] = dict(peak_mb=bt._status_kb("VmHWM") / 1024, step_transient_mb=None)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    losses = {"vissl": a.step_losses, "ours": b.step_losses}
+    return dict(
+        trunk=p.trunk, batch=p.batch, crops=p.crops, K=p.K, amp=p.amp, steps=p.steps, warmup=p.warmup,
+        ours_ms=med["ours"], vissl_ms=med["vissl"], ratio_ours_over_vissl=med["ours"] / med["vissl"],
+        ours_images_per_s=p.batch * 1e3 / med["ours"], vissl_images_per_s=p.batch * 1e3 / med["vissl"],
+        first_loss=dict(ours=losses["ours"][0], vissl=losses["vissl"][0]),
+        losses_finite=dict(ours=all(map(_finite, losses["ours"])), vissl=all(map(_finite, losses["vissl"]))),
+        memory=mem, memory_kind="cuda max_memory_allocated" if cuda else "CPU peak RSS (process)",
+        target_ratio_at_most_1=med["ours"] / med["vissl"] <= 1.0)
+
+
+def _finite(x):
+    return x == x and abs(x) != float("inf")
+
+
+def section_pretrain(dry):
+    device = _device(dry)  # noqa: F841  (checks CUDA on the real run)
+    iters, batch = (6, 4) if dry else (200, 64)
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = os.path.join(tmp, "ckpt")
+        ov = [
+            "config=pretrain/swav/swav_1gpu_resnet",
+            "config.DATA.TRAIN.DATA_SOURCES=[synthetic]", "config.DATA.TRAIN.DATASET_NAMES=[synthetic]",
+            f"config.DATA.TRAIN.DATA_LIMIT={iters * batch}", f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={batch}",
+            "config.OPTIMIZER.num_epochs=1", f"config.CHECKPOINT.DIR={ckpt}", "config.CHECKPOINT.AUTO_RESUME=False",
+            "config.LOG_FREQUENCY=1", "config.HOOKS.PROGRESS.FREQUENCY=10",
+        ]
+        if dry:
+            ov += [
+                "config.DATA.TRAIN.DEFAULT_GRAY_IMG_SIZE=40", "config.DATA.NUM_DATALOADER_WORKERS=0",
+                "config.MACHINE.DEVICE=cpu", "config.DISTRIBUTED.BACKEND=gloo",
+                "config.MODEL.TRUNK.NAME=resnet_small_plugin", "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
+                "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+                "config.LOSS.swav_plugin_loss.num_prototypes=[20]", "config.LOSS.swav_plugin_loss.embedding_dim=16",
+                "config.LOSS.swav_plugin_loss.freeze_prototypes_niters=2",
+                "config.LOSS.swav_plugin_loss.queue.queue_length=0",
+                "config.DATA.TRAIN.TRANSFORMS=[{name:multicrop_plugin,total_num_crops:4,num_crops:[2,2],"
+                "size_crops:[32,16],crop_scales:[[0.14,1.0],[0.05,0.14]]}]",
+                "config.HOOKS.COLLAPSE_DETECTOR.ENABLED=False",
+            ]
+        else:
+            ov += ["config.DATA.TRAIN.DEFAULT_GRAY_IMG_SIZE=320",
+                   f"config.DATA.NUM_DATALOADER_WORKERS={min(10, max(1, (os.cpu_count() or 2) - 2))}"]
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "run_distributed_engines.py"), *ov],
+                              cwd=tmp, env=_env({"OMP_NUM_THREADS": "1"} if dry else None),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wall = time.perf_counter() - t0
+        rows = []
+        path = os.path.join(ckpt, "stdout.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:
+                        continue
+        dumps = [n for n in os.listdir(ckpt) if n.startswith("nonfinite_")] if os.path.isdir(ckpt) else []
+        guard = bool(dumps) or "NonFiniteLossError" in proc.stdout
+        if proc.returncode != 0:
+            raise RuntimeError(f"launcher exited {proc.returncode}; non-finite guard fired: {guard}\n"
+                               + proc.stdout[-4000:])
+    by_iter = {}
+    for r in rows:
+        if "iter" in r and "loss" in r:
+            by_iter[int(r["iter"])] = r
+    losses = [float(by_iter[i]["loss"]) for i in sorted(by_iter)]
+    if not losses:
+        raise RuntimeError("no loss in the run's stdout.json")
+    n = max(1, len(losses) // 5)
+    first, last = statistics.mean(losses[:n]), statistics.mean(losses[-n:])
+    btimes = [float(by_iter[i]["btime(ms)"]) for i in sorted(by_iter) if "btime(ms)" in by_iter[i]]
+    steady = btimes[len(btimes) // 2:] if btimes else []
+    return dict(
+        config="pretrain/swav/swav_1gpu_resnet", iterations=len(losses), batch=batch,
+        amp="float16", data="synthetic " + ("40 px" if dry else "320 px"),
+        loss_first=losses[0], loss_last=losses[-1], loss_mean_first_fifth=first, loss_mean_last_fifth=last,
+        loss_finite=all(map(_finite, losses)), loss_falling=last < first, nonfinite_guard_fired=guard,
+        wall_s=wall, images_per_s=(batch * 1e3 / statistics.median(steady)) if steady else None,
+        images_per_s_from="median batch time (btime) over the second half of the run")
+
+
+def _write_jpegs(root, n, size, seed=0):
+    """``n`` smooth random RGB JPEGs of ``size`` (w, h) px in two class folders."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        d = os.path.join(root, f"class{i % 2}")
+        os.makedirs(d, exist_ok=True)
+        small = (255 * rng.random((size[1] // 16, size[0] // 16, 3))).astype(np.uint8)
+        Image.fromarray(small).resize(size, Image.BICUBIC).save(os.path.join(d, f"{i:05d}.jpg"), quality=90)
+    return root
+
+
+def section_input_pipeline(dry):
+    import torch.distributed as dist
+
+    bp = _bench_module("bench_input_pipeline")
+    import vissl  # noqa: F401
+
+    bt = _bench_module("bench_train_step")
+    bt._init_dist()
+    assert dist.is_initialized()
+    workers = 1 if dry else max(1, os.cpu_count() or 1)
+    batch = 4 if dry else 64
+    recipe_name = "2x32+4x16" if dry else "2x224+6x96"
+    size = (48, 40) if dry else (500, 375)  # ImageNet's typical image size
+    # the steady rate is timed from batch 2 x workers on (the prefetched ones consumed): 16
+    # batches more than that on the GPU machine (2 in the dry run)
+    n = batch * (2 * workers + (2 if dry else 16))
+    args = argparse.Namespace(workers=workers, batch=batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _write_jpegs(os.path.join(tmp, "images"), n, size)
+        loader = bp.build_loader("plugin", args, folder, bp.RECIPES[recipe_name])
+        rates = [bp.epoch(loader, r, skip=2 * workers) for r in range(1 if dry else 2)]
+    return dict(recipe=recipe_name, images=n, image_size=f"{size[0]}x{size[1]} JPEG", workers=workers,
+                batch=batch, cpu_cores=os.cpu_count(), epoch_images_per_s=statistics.median(r[0] for r in rates),
+                steady_images_per_s=statistics.median(r[1] for r in rates))
+
+
+def _write_fake_fashion_mnist(root, n_train, n_test, seed=0):
+    """IDX files in Fashion-MNIST's format: 28x28 class-dependent blobs + noise (dry run)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    os.makedirs(root, exist_ok=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        y = np.arange(n, dtype=np.uint8) % 10
+        x = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
+        for i, c in enumerate(y):
+            x[i, 2 * c:2 * c + 8, 4:24] = 200
+        with gzip.open(os.path.join(root, f"{prefix}-images-idx3-ubyte.gz"), "wb") as f:
+            f.write((2051).to_bytes(4, "big") + n.to_bytes(4, "big") + (28).to_bytes(4, "big")
+                    + (28).to_bytes(4, "big") + x.tobytes())
+        with gzip.open(os.path.join(root, f"{prefix}-labels-idx1-ubyte.gz"), "wb") as f:
+            f.write((2049).to_bytes(4, "big") + n.to_bytes(4, "big") + y.tobytes())
+    return root
+
+
+def section_demo(dry, fashion_mnist=FASHION_MNIST, demo_args=""):
+    _device(dry)
+    with tempfile.TemporaryDirectory() as tmp:
+        if dry:
+            source = _write_fake_fashion_mnist(os.path.join(tmp, "fm"), 200, 50)
+            opts = ["--quick", "--device", "cpu", "--procs", "1", "--train-per-class", "8",
+                    "--test-per-class", "4", "--epochs", "1", "--batch", "8", "--prototypes", "10",
+                    "--freeze", "1", "--random-inits", "1", "--probes", "off", "--precise-bn", "off"]
+        else:
+            missing = [f for f in FM_FILES if not os.path.isfile(os.path.join(fashion_mnist, f))]
+            if missing:
+                raise RuntimeError(f"Fashion-MNIST not found: {os.path.join(fashion_mnist, missing[0])} (bring the "
+                                   "offline bundle's fashion-mnist/ folder and pass --fashion-mnist)")
+            source = fashion_mnist
+            opts = ["--device", "gpu", "--train-per-class", "6000", "--test-per-class", "1000"]
+        opts += shlex.split(demo_args)
+        out = os.path.join(tmp, "demo_output")
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "demo.py"), *opts, "--source", source,
+                               "--out", out, "--data-dir", os.path.join(tmp, "data")],
+                              cwd=tmp, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"tools/demo.py exited {proc.returncode}\n" + proc.stdout[-4000:])
+        with open(os.path.join(out, "swav_demo_report.json")) as f:
+            report = json.load(f)
+    summ = report.get("summary", {})
+    return dict(options=" ".join(opts), wall_s=wall, wall_min=wall / 60, knn20_swav=summ.get("knn20_swav"),
+                knn20_random_init=summ.get("knn20_random_init"), seed=report.get("config", {}).get("seed"),
+                train_images=6000 * 10 if not dry else 80,
+                summary=summ, target_knn20_at_least_90_within_15_min=(
+                    summ.get("knn20_swav") is not None and summ["knn20_swav"] >= 90 and wall <= 900))
+
+
+RUNNERS = {"sinkhorn": section_sinkhorn, "train_step": section_train_step, "pretrain": section_pretrain,
+           "input_pipeline": section_input_pipeline, "demo": section_demo}
+
+
+# --------------------------------------------------------------------------- parent
+
+def run_section(name, dry, fashion_mnist, limit=None, demo_args=""):
+    """Run one section in a subprocess with its time limit (``limit`` seconds, default
+    :data:`LIMITS`); its result dict, or ``{"error": ...}`` (with the end of its output)
+    when it failed or ran out of time."""
+    limit = limit or LIMITS[name][1 if dry else 0]
+    with tempfile.TemporaryDirectory() as tmp:
+        res_path = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-out", res_path,
+               "--fashion-mnist", fashion_mnist, "--demo-args=" + demo_args] + (["--dry-run"] if dry else [])
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  timeout=limit)
+            out, rc = proc.stdout, proc.returncode
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            return dict(error=f"ran out of its {limit} s", output_tail=out[-3000:],
+                        section_s=time.perf_counter() - t0)
+        if rc == 0 and os.path.isfile(res_path):
+            with open(res_path) as f:
+                res = json.load(f)
+        else:
+            res = dict(error=f"exited {rc}", output_tail=out[-3000:])
+    res["section_s"] = time.perf_counter() - t0
+    return res
+
+
+def summarize(results):
+    """Cross-section figures: which of input pipeline and GPU step bounds a run."""
+    ts, ip = results.get("train_step", {}), results.get("input_pipeline", {})
+    if "ours_images_per_s" in ts and "steady_images_per_s" in ip:
+        gpu, cpu = ts["ours_images_per_s"], ip["steady_images_per_s"]
+        return dict(step_images_per_s=gpu, input_images_per_s=cpu,
+                    bound_by="input pipeline" if cpu < gpu else "GPU step",
+                    input_over_step=cpu / gpu)
+    return dict(error="needs train_step and input_pipeline")
+
+
+def _f(x, fmt="{:.2f}"):
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    return fmt.format(x) if isinstance(x, (int, float)) else str(x)
+
+
+def markdown(doc):
+    m, r = doc["machine"], doc["results"]
+    kind = "CPU dry run: tiny sizes, not GPU figures" if doc["dry_run"] else "GPU run"
+    lines = [f"# gpu_check ({kind})", "",
+             "| machine | |", "|---|---|",
+             f"| card | {m.get('card') or 'none (CPU)'} |", f"| driver | {m.get('driver') or '-'} |",
+             f"| torch | {m['torch']} (CUDA {m.get('cuda') or '-'}) |", f"| Python | {m['python']} |",
+             f"| CPU | {m['cpu']}, {m['cpu_cores']} cores |", f"| date | {m['date']} |", "",
+             "| section | figure | value | target |", "|---|---|---|---|"]
+
+    def row(sec, fig, val, tgt=""):
+        lines.append(f"| {sec} | {fig} | {val} | {tgt} |")
+
+    for name in SECTIONS:
+        s = r.get(name)
+        if s is None:
+            row(name, "not run", "-")
+            continue
+        if "error" in s:
+            row(name, "ERROR", s["error"].splitlines()[0][:120])
+            continue
+        if name == "sinkhorn":
+            for lab in ("fp32", "fp16_autocast"):
+                d = s[lab]
+                row(name, f"B={s['B']} K={s['K']} {lab}: ours / VISSL ms", f"{_f(d['ours_ms'], '{:.3f}')} / "
+                    f"{_f(d['vissl_ms'], '{:.3f}')} (VISSL/ours {_f(d['ratio_vissl_over_ours'])}x)",
+                    "ours < 1 ms (H100, fp32)" if lab == "fp32" else "")
+            row(name, "max abs diff of our codes under autocast vs fp32",
+                _f(s["fp16_autocast"]["ours_max_abs_diff_to_fp32"], "{:.1e}"), "<= 1e-5")
+            row(name, "VISSL's codes under autocast finite / max abs diff vs fp32",
+                f"{_f(s['fp16_autocast']['vissl_codes_finite'])} / "
+                f"{_f(s['fp16_autocast']['vissl_max_abs_diff_to_fp32'], '{:.1e}')}")
+        elif name == "train_step":
+            row(name, f"{s['trunk']} {s['crops']} batch {s['batch']} AMP {s['amp']}: ours / VISSL ms/step",
+                f"{_f(s['ours_ms'], '{:.1f}')} / {_f(s['vissl_ms'], '{:.1f}')}")
+            row(name, "ratio ours / VISSL", _f(s["ratio_ours_over_vissl"], "{:.3f}"), "<= 1.0")
+            row(name, f"peak memory MB ours / VISSL ({s['memory_kind']})",
+                f"{_f(s['memory']['ours']['peak_mb'], '{:.0f}')} / {_f(s['memory']['vissl']['peak_mb'], '{:.0f}')}")
+        elif name == "pretrain":
+            row(name, f"{s['config']}, {s['iterations']} it, AMP {s['amp']}, {s['data']}: loss first -> last",
+                f"{_f(s['loss_first'], '{:.3f}')} -> {_f(s['loss_last'], '{:.3f}')}", "finite, falling")
+            row(name, "finite / falling / non-finite guard fired",
+                f"{_f(s['loss_finite'])} / {_f(s['loss_falling'])} / {_f(s['nonfinite_guard_fired'])}", "yes / yes / no")
+            row(name, "images/s", _f(s["images_per_s"], "{:.0f}"))
+        elif name == "input_pipeline":
+            row(name, f"{s['recipe']}, {s['image_size']}, {s['workers']} workers: images/s",
+                _f(s["steady_images_per_s"], "{:.0f}"))
+        elif name == "demo":
+            row(name, f"tools/demo.py {s['options']}: wall time", f"{_f(s['wall_min'], '{:.1f}')} min",
+                "<= 15 min (H100)")
+            row(name, "20-NN SwAV / random init (%)", f"{_f(s['knn20_swav'], '{:.1f}')} / "
+                f"{_f(s['knn20_random_init'], '{:.1f}')}", ">= 90")
+    b = doc.get("bound", {})
+    if "bound_by" in b:
+        row("bound", "input images/s vs GPU step images/s (ours)",
+            f"{b['input_images_per_s']:.0f} vs {b['step_images_per_s']:.0f}: bound by {b['bound_by']}")
+    else:
+        row("bound", "input pipeline vs GPU step", "-")
+    return "\n".join(lines) + "\n"
+
+
+def write(out, doc):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gpu_check.json"), "w") as f:
+        json.dump(doc, f, indent=2, sort_keys=True)
+    with open(os.path.join(out, "gpu_check.md"), "w") as f:
+        f.write(markdown(doc))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=os.path.join(REPO, "gpu_check"), help="output folder (default gpu_check/)")
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: checks the code, measures nothing")
+    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
+    p.add_argument("--fashion-mnist", default=FASHION_MNIST, help="folder of the four Fashion-MNIST .gz files")
+    p.add_argument("--demo-args", default="", help="extra options of tools/demo.py, e.g. '--epochs 5'")
+    p.add_argument("--limit", type=float, default=None,
+                   help="time limit of each section, seconds (default: per section, see LIMITS)")
+    p.add_argument("--child", choices=SECTIONS, help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        fn = RUNNERS[args.child]
+        res = fn(args.dry_run, args.fashion_mnist, args.demo_args) if args.child == "demo" else fn(args.dry_run)
+        with open(args.child_out, "w") as f:
+            json.dump(res, f)
+        return 0
+    names = [s.strip() for s in args.sections.split(",") if s.strip()]
+    bad = [s for s in names if s not in SECTIONS]
+    if bad:
+        p.error(f"unknown section {bad[0]!r}; choose from {', '.join(SECTIONS)}")
+    doc = dict(dry_run=args.dry_run, machine=machine_info(), results={})
+    old_path = os.path.join(args.out, "gpu_check.json")
+    if os.path.isfile(old_path):  # keep the sections not re-run (same kind of run only)
+        with open(old_path) as f:
+            old = json.load(f)
+        if old.get("dry_run") == args.dry_run:
+            doc["results"] = {k: v for k, v in old.get("results", {}).items() if k not in names}
+    if not args.dry_run and doc["machine"]["card"] is None:
+        p.error("no CUDA device is visible; on a CPU machine use --dry-run")
+    for name in names:
+        print(f"gpu_check: {name} ...", flush=True)
+        doc["results"][name] = run_section(name, args.dry_run, args.fashion_mnist, args.limit, args.demo_args)
+        doc["bound"] = summarize(doc["results"])
+        write(args.out, doc)
+        err = doc["results"][name].get("error")
+        print(f"gpu_check: {name} {'ERROR: ' + err if err else 'done'} "
+              f"({doc['results'][name]['section_s']:.0f} s)", flush=True)
+    doc["bound"] = summarize(doc["results"])
+    write(args.out, doc)
+    print(open(os.path.join(args.out, "gpu_check.md")).read())
+    errors = [k for k, v in doc["results"].items() if "error" in v]
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

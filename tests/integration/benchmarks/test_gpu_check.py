@@ -1,0 +1,98 @@
+"""``benchmarks/gpu_check.py --dry-run``: the GPU suite's code path on the CPU at tiny sizes
+(`make test` runs it so that the suite cannot rot before a GPU is available).
+
+Checked against independent truths: the machine fields against the subprocess' own
+interpreter and torch, every ratio against the two times it is made of, the "bound by"
+verdict against the two rates, and a section that runs out of time recorded as an error
+while the sections not re-run are kept."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from testkit import REPO, launcher_env
+
+SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+SECTIONS = ("sinkhorn", "train_step", "pretrain", "input_pipeline", "demo")
+
+
+def _run(out, *extra, timeout=900):
+    return subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *extra],
+                          cwd=str(REPO), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)
+
+
+def _numbers(d):
+    for v in d.values():
+        if isinstance(v, dict):
+            yield from _numbers(v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            yield v
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    proc = _run(out, "--demo-args", "--seed 3")
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    return out, json.loads((out / "gpu_check.json").read_text()), (out / "gpu_check.md").read_text()
+
+
+def test_dry_run_measures_every_section(dry_run):
+    _, doc, _ = dry_run
+    assert doc["dry_run"] is True
+    for name in SECTIONS:
+        res = doc["results"][name]
+        assert "error" not in res, (name, res.get("error"), res.get("output_tail"))
+        assert list(_numbers(res)), name
+    s, t = doc["results"]["sinkhorn"], doc["results"]["train_step"]
+    for lab in ("fp32", "fp16_autocast"):
+        assert s[lab]["ratio_vissl_over_ours"] == pytest.approx(s[lab]["vissl_ms"] / s[lab]["ours_ms"])
+    assert s["fp16_autocast"]["scores_dtype"] == "float16"
+    assert t["ratio_ours_over_vissl"] == pytest.approx(t["ours_ms"] / t["vissl_ms"])
+    # same weights and batch: the two SwAV implementations' first losses agree, to fp16's
+    # precision (the step runs under fp16 autocast, as on the GPU; VISSL's loss stays in fp16)
+    assert t["amp"] == "float16"
+    assert t["first_loss"]["ours"] == pytest.approx(t["first_loss"]["vissl"], rel=2e-3)
+    assert doc["results"]["demo"]["seed"] == 3  # --demo-args reached tools/demo.py (its own report)
+    p = doc["results"]["pretrain"]
+    assert p["loss_finite"] and not p["nonfinite_guard_fired"] and p["iterations"] > 1
+    b = doc["bound"]
+    assert b["step_images_per_s"] == pytest.approx(t["ours_images_per_s"])
+    assert b["input_images_per_s"] == pytest.approx(doc["results"]["input_pipeline"]["steady_images_per_s"])
+    assert b["bound_by"] == ("input pipeline" if b["input_images_per_s"] < b["step_images_per_s"] else "GPU step")
+
+
+def test_markdown_names_the_machine(dry_run):
+    _, doc, md = dry_run
+    import platform
+
+    import torch
+
+    assert f"| Python | {platform.python_version()} |" in md
+    assert f"| torch | {torch.__version__} " in md
+    assert "| card | none (CPU) |" in md and "dry run" in md
+    assert f"| date | {doc['machine']['date']} |" in md
+    for name in SECTIONS:
+        assert f"| {name} |" in md
+
+
+def test_a_failing_section_is_recorded_and_the_others_kept(dry_run, tmp_path):
+    out, doc, _ = dry_run
+    work = tmp_path / "o"
+    work.mkdir()
+    (work / "gpu_check.json").write_text(json.dumps(doc))
+    proc = _run(work, "--sections", "sinkhorn", "--limit", "0.01", timeout=120)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    new = json.loads((work / "gpu_check.json").read_text())
+    assert "ran out of its 0.01 s" in new["results"]["sinkhorn"]["error"]
+    for name in SECTIONS[1:]:
+        assert new["results"][name] == doc["results"][name]
+    assert "| sinkhorn | ERROR |" in (work / "gpu_check.md").read_text()
+
+
+def test_unknown_section_is_named(tmp_path):
+    proc = _run(tmp_path, "--sections", "sinkhorn,trainstep", timeout=120)
+    assert proc.returncode == 2
+    assert "unknown section 'trainstep'" in proc.stdout and "train_step" in proc.stdout
