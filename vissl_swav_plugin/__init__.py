@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 COMPONENT_MODULES = [
     "vissl_swav_plugin.compat",
     "vissl_swav_plugin.config.validation",
+    "vissl_swav_plugin.config.vissl_fragments",
     "vissl_swav_plugin.config.dataset_stats",
     "vissl_swav_plugin.losses.swav_config",
     "vissl_swav_plugin.losses.swav_loss",
