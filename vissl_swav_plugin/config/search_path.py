@@ -217,3 +217,23 @@ def register() -> None:
 
 
 register()
+
+
+def vissl_configs_dir() -> Optional[Path]:
+    """VISSL's packaged ``configs/config`` folder (site-packages/configs), or None."""
+    try:
+        import configs  # VISSL installs its YAML files as the top-level package ``configs``
+
+        root = Path(list(configs.__path__)[0]) / "config"
+        return root if root.is_dir() else None
+    except Exception:  # noqa: BLE001 - not installed: no VISSL configs
+        return None
+
+
+def plugin_configs_dir() -> Optional[Path]:
+    """The plugin's ``configs/config`` folder, or None."""
+    try:
+        root = configs_dir() / "config"
+    except FileNotFoundError:
+        return None
+    return root if root.is_dir() else None

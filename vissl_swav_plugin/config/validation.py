@@ -11,6 +11,7 @@ is started.
 import difflib
 import functools
 import os
+from pathlib import Path
 import numbers
 from typing import Callable, Dict, Iterable, List, Optional
 
@@ -193,11 +194,39 @@ def _overridden(overrides, prefix: str) -> bool:
         key = _override_key(o)
         if key == "config":  # the config file itself
             continue
-        if key.startswith("config/"):  # a config group: it may change anything
-            return True
+        if key.startswith("config/"):  # a config group: the keys its file sets
+            if _group_sets(key, o.split("=", 1)[1] if "=" in o else "", prefix):
+                return True
+            continue
         if key == prefix or key.startswith(prefix + ".") or prefix.startswith(key + "."):
             return True
     return False
+
+
+def _group_file(group: str, name: str):
+    """The YAML file of ``+<group>=<name>`` (``config/pretrain/swav/transforms``,
+    ``multicrop_2x224``): the working directory's configs, ours, then VISSL's; None if none."""
+    from vissl_swav_plugin.config.search_path import plugin_configs_dir, vissl_configs_dir
+
+    rel = Path(*group.split("/")[1:]) / f"{name}.yaml"
+    for root in (Path(os.getcwd()) / "configs" / "config", plugin_configs_dir(), vissl_configs_dir()):
+        if root is not None and (root / rel).is_file():
+            return root / rel
+    return None
+
+
+def _group_sets(group: str, name: str, prefix: str) -> bool:
+    """Whether the config group file of ``+<group>=<name>`` sets ``config.<prefix>`` (or a
+    part of it); a file that cannot be found or read may set anything."""
+    path = _group_file(group, name.strip())
+    try:
+        block = (load_yaml(path) or {}).get("config") if path is not None else None
+    except Exception:  # noqa: BLE001 - unreadable: Hydra reports it; assume it sets anything
+        block = None
+    if not hasattr(block, "items"):
+        return True
+    keys = set(_leaves(block))
+    return any(k == prefix or k.startswith(prefix + ".") or prefix.startswith(k + ".") for k in keys)
 
 
 def _source_keys(loss_name: str, key: str) -> List[str]:
@@ -456,9 +485,11 @@ def install() -> None:
                         "its parameter block is absent (use one of the plugin's configs)"
                     )
                 cfg = fn(cfg) or cfg
-            check_inferred_values(before, cfg)
+            # the checks first: they name a more specific cause (a VISSL fragment's head, a
+            # mismatch of head and trunk) than a replaced value would
             for check in _CHECKS:
                 check(cfg)
+            check_inferred_values(before, cfg)
             return cfg
 
         infer_losses_config.__wrapped__ = original

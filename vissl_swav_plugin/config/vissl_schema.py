@@ -37,6 +37,7 @@ import os
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
+from vissl_swav_plugin.config.search_path import plugin_configs_dir, vissl_configs_dir
 from vissl_swav_plugin.config.validation import (
     ConfigError,
     check_known_keys,
@@ -63,24 +64,11 @@ class UnknownConfigError(ConfigError):
 
 
 def _vissl_configs_dir() -> Optional[Path]:
-    """VISSL's packaged ``configs/config`` folder (site-packages/configs), or None."""
-    try:
-        import configs  # VISSL installs its YAML files as the top-level package ``configs``
-
-        root = Path(list(configs.__path__)[0]) / "config"
-        return root if root.is_dir() else None
-    except Exception:  # noqa: BLE001 - not installed: no VISSL configs to suggest or learn from
-        return None
+    return vissl_configs_dir()
 
 
 def _our_configs_dir() -> Optional[Path]:
-    from vissl_swav_plugin.config.search_path import configs_dir
-
-    try:
-        root = configs_dir() / "config"
-    except FileNotFoundError:
-        return None
-    return root if root.is_dir() else None
+    return plugin_configs_dir()
 
 
 def _config_block(path) -> Optional[dict]:
