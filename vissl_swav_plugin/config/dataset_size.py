@@ -5,7 +5,8 @@ inference (:mod:`vissl_swav_plugin.losses.clustering_config`).
 """
 import math
 import os
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 from vissl_swav_plugin.config.validation import world_size_of
 
@@ -69,3 +70,58 @@ def iterations_per_epoch(cfg, num_samples: int) -> int:
     batch dropped with ``DROP_LAST``."""
     per, bs = samples_per_process(cfg, num_samples), int(cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA)
     return per // bs if cfg.DATA.TRAIN.get("DROP_LAST", False) else math.ceil(per / bs)
+
+
+@dataclass
+class FolderScan:
+    """What torchvision's ImageFolder would read from a folder (see :func:`scan_image_folder`)."""
+
+    images: int = 0
+    #: extension (lower case, ``""`` for none) -> paths of the files ImageFolder leaves out
+    skipped: Dict[str, List[str]] = field(default_factory=dict)
+    #: (directory symlink, the ancestor it resolves to): ImageFolder would walk it again and again
+    loops: List[Tuple[str, str]] = field(default_factory=list)
+    #: (path, the earlier path of the same file): one file reached twice through a symlink
+    repeated: List[Tuple[str, str]] = field(default_factory=list)
+
+
+def scan_image_folder(root: str) -> FolderScan:
+    """Walk the class folders of an ImageFolder ``root`` the way torchvision does
+    (``os.walk(followlinks=True)``, a file is a sample when its name ends with one of
+    :data:`IMAGE_EXTENSIONS`) and report what it would skip or repeat: files with other
+    extensions, directory symlinks that resolve to one of their own ancestors (a loop,
+    not followed here), and files reached a second time through a symlink."""
+    scan, seen = FolderScan(), {}
+    top = os.path.realpath(root)
+
+    def walk(path: str, ancestors: Tuple[str, ...]) -> None:
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError:
+            return
+        for e in entries:
+            if e.is_dir():  # follows symlinks, as torchvision's walk does
+                real = os.path.realpath(e.path)
+                if e.is_symlink() and real in ancestors:
+                    scan.loops.append((e.path, real))
+                    continue
+                walk(e.path, ancestors + (real,))
+            elif e.name.lower().endswith(IMAGE_EXTENSIONS):
+                scan.images += 1
+                real = os.path.realpath(e.path)
+                if real in seen:
+                    scan.repeated.append((e.path, seen[real]))
+                else:
+                    seen[real] = e.path
+            elif e.is_file() and os.path.realpath(e.path) not in seen:
+                seen[os.path.realpath(e.path)] = e.path
+                scan.skipped.setdefault(os.path.splitext(e.name)[1].lower(), []).append(e.path)
+
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.is_dir():
+            real = os.path.realpath(entry.path)
+            if entry.is_symlink() and real == top:
+                scan.loops.append((entry.path, real))
+                continue
+            walk(entry.path, (top, real))
+    return scan
