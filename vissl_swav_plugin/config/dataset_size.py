@@ -83,6 +83,8 @@ class FolderScan:
     loops: List[Tuple[str, str]] = field(default_factory=list)
     #: (path, the earlier path of the same file): one file reached twice through a symlink
     repeated: List[Tuple[str, str]] = field(default_factory=list)
+    #: whether the walk met a symlink (file or directory)
+    has_links: bool = False
 
 
 def scan_image_folder(root: str) -> FolderScan:
@@ -90,38 +92,52 @@ def scan_image_folder(root: str) -> FolderScan:
     (``os.walk(followlinks=True)``, a file is a sample when its name ends with one of
     :data:`IMAGE_EXTENSIONS`) and report what it would skip or repeat: files with other
     extensions, directory symlinks that resolve to one of their own ancestors (a loop,
-    not followed here), and files reached a second time through a symlink."""
+    not followed here), and files reached a second time through a symlink (looked for
+    only when the folder holds a symlink: a plain folder is walked once, keeping no list
+    of its files)."""
+    scan = _scan(root, track=False)
+    return _scan(root, track=True) if scan.has_links else scan
+
+
+def _scan(root: str, track: bool) -> FolderScan:
     scan, seen = FolderScan(), {}
     top = os.path.realpath(root)
 
-    def walk(path: str, ancestors: Tuple[str, ...]) -> None:
+    def walk(path: str, real_dir: str, ancestors: Tuple[str, ...]) -> None:
         try:
             entries = sorted(os.scandir(path), key=lambda e: e.name)
         except OSError:
             return
         for e in entries:
+            link = e.is_symlink()
+            scan.has_links = scan.has_links or link
             if e.is_dir():  # follows symlinks, as torchvision's walk does
-                real = os.path.realpath(e.path)
-                if e.is_symlink() and real in ancestors:
+                real = os.path.realpath(e.path) if link else os.path.join(real_dir, e.name)
+                if link and real in ancestors:
                     scan.loops.append((e.path, real))
                     continue
-                walk(e.path, ancestors + (real,))
-            elif e.name.lower().endswith(IMAGE_EXTENSIONS):
+                walk(e.path, real, ancestors + (real,))
+                continue
+            real = (os.path.realpath(e.path) if link else os.path.join(real_dir, e.name)) if track else None
+            if e.name.lower().endswith(IMAGE_EXTENSIONS):
                 scan.images += 1
-                real = os.path.realpath(e.path)
-                if real in seen:
-                    scan.repeated.append((e.path, seen[real]))
-                else:
+                if track:
+                    if real in seen:
+                        scan.repeated.append((e.path, seen[real]))
+                    else:
+                        seen[real] = e.path
+            elif e.is_file() and not (track and real in seen):
+                if track:
                     seen[real] = e.path
-            elif e.is_file() and os.path.realpath(e.path) not in seen:
-                seen[os.path.realpath(e.path)] = e.path
                 scan.skipped.setdefault(os.path.splitext(e.name)[1].lower(), []).append(e.path)
 
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         if entry.is_dir():
             real = os.path.realpath(entry.path)
-            if entry.is_symlink() and real == top:
-                scan.loops.append((entry.path, real))
-                continue
-            walk(entry.path, (top, real))
+            if entry.is_symlink():
+                scan.has_links = True
+                if real == top:
+                    scan.loops.append((entry.path, real))
+                    continue
+            walk(entry.path, real, (top, real))
     return scan
