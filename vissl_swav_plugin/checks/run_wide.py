@@ -269,6 +269,33 @@ def _pillow_reads(ext: str) -> bool:
     return ext in Image.registered_extensions()
 
 
+def _report_exif(key, source, path, dataset, sample) -> None:
+    """A warning when sampled images carry a non-identity EXIF orientation, which the
+    default loader (as the official code) does not apply."""
+    from PIL import Image
+
+    from vissl_swav_plugin.compat.data_safety import exif_policy
+    from vissl_swav_plugin.compat.image_modes import EXIF_ENV, exif_orientation
+
+    if exif_policy() == "apply":
+        return
+    rotated = []
+    for file in sample:
+        try:
+            with Image.open(file) as img:
+                orientation = exif_orientation(img)
+        except Exception:  # unreadable: named by the loader when it is read
+            continue
+        if orientation != 1:
+            rotated.append(f"{file} (orientation {orientation})")
+    if rotated:
+        logging.warning(
+            f"{key}: {source} path {path}{dataset}: {len(rotated)} of {len(sample)} images sampled (the first "
+            "of each class folder) carry an EXIF orientation (the camera's rotation / flip): they are read as "
+            "stored, not rotated, as the official SwAV code reads them; "
+            f"{EXIF_ENV}=apply rotates them upright: {_examples(rotated)}")
+
+
 def _report_folder_scan(key, source, path, dataset, scan) -> None:
     """An error for a directory symlink loop, warnings for skipped and repeated files
     (see :func:`~vissl_swav_plugin.config.dataset_size.scan_image_folder`)."""
@@ -286,6 +313,7 @@ def _report_folder_scan(key, source, path, dataset, scan) -> None:
                 else f"not one of torchvision ImageFolder's extensions {' '.join(IMAGE_EXTENSIONS)}")
         logging.warning(f"{key}: {source} path {path}{dataset}: {len(files)} file(s) with extension "
                         f"{ext or '(none)'!r} are skipped ({what}): {_examples(files)}")
+    _report_exif(key, source, path, dataset, scan.sample)
     if scan.repeated:
         pairs = [f"{p} (same file as {first})" for p, first in scan.repeated]
         logging.warning(f"{key}: {source} path {path}{dataset}: {len(scan.repeated)} file(s) are read twice "

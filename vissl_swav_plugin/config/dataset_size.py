@@ -85,6 +85,11 @@ class FolderScan:
     repeated: List[Tuple[str, str]] = field(default_factory=list)
     #: whether the walk met a symlink (file or directory)
     has_links: bool = False
+    #: up to :data:`SAMPLE_PER_CLASS` image paths of each class folder (for header checks)
+    sample: List[str] = field(default_factory=list)
+
+
+SAMPLE_PER_CLASS = 4
 
 
 def scan_image_folder(root: str) -> FolderScan:
@@ -102,6 +107,7 @@ def scan_image_folder(root: str) -> FolderScan:
 def _scan(root: str, track: bool) -> FolderScan:
     scan, seen = FolderScan(), {}
     top = os.path.realpath(root)
+    per_class_limit = [0]
 
     def walk(path: str, real_dir: str, ancestors: Tuple[str, ...]) -> None:
         try:
@@ -121,6 +127,8 @@ def _scan(root: str, track: bool) -> FolderScan:
             real = (os.path.realpath(e.path) if link else os.path.join(real_dir, e.name)) if track else None
             if e.name.lower().endswith(IMAGE_EXTENSIONS):
                 scan.images += 1
+                if len(scan.sample) < per_class_limit[0]:
+                    scan.sample.append(e.path)
                 if track:
                     if real in seen:
                         scan.repeated.append((e.path, seen[real]))
@@ -139,5 +147,6 @@ def _scan(root: str, track: bool) -> FolderScan:
                 if real == top:
                     scan.loops.append((entry.path, real))
                     continue
+            per_class_limit[0] = len(scan.sample) + SAMPLE_PER_CLASS
             walk(entry.path, real, (top, real))
     return scan

@@ -113,3 +113,22 @@ def test_rotated_images_are_warned_once_naming_the_option(folder, monkeypatch, c
 def test_an_unknown_value_is_an_error_naming_the_variable(folder, monkeypatch):
     with pytest.raises(ValueError, match=r"VISSL_SWAV_PLUGIN_EXIF='sideways': use one of ignore, apply"):
         _dataset(folder[0], monkeypatch, "sideways")
+
+
+def test_the_launcher_warns_with_a_count_and_examples(folder, monkeypatch, caplog):
+    from vissl_swav_plugin.config.validation import run_launch_checks
+
+    root, _ = folder
+    monkeypatch.delenv("VISSL_SWAV_PLUGIN_EXIF", raising=False)
+    cfg = compose([QUICK, "config.DATA.TRAIN.DATA_LIMIT=-1", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=1"]
+                  + folder_data_overrides(root))
+    with caplog.at_level(logging.WARNING):
+        run_launch_checks(cfg)
+    # 4 images sampled per class folder, in name order: o1 (upright), o2, o3, o4
+    assert "3 of 4 images sampled" in caplog.text and "VISSL_SWAV_PLUGIN_EXIF=apply" in caplog.text
+    assert "o2.jpg (orientation 2)" in caplog.text and "o1.jpg" not in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("VISSL_SWAV_PLUGIN_EXIF", "apply")
+    with caplog.at_level(logging.WARNING):
+        run_launch_checks(cfg)
+    assert "EXIF" not in caplog.text
