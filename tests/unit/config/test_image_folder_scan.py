@@ -117,3 +117,26 @@ def test_symlink_to_a_folder_outside_the_dataset_is_fine(tmp_path, caplog):
     make_image_folder(tmp_path / "other", classes=1, per_class=4)
     (root / "class2").symlink_to(tmp_path / "other" / "class0", target_is_directory=True)
     assert "DATA_PATHS" not in _launch_checks(root, caplog)
+
+
+def test_a_loop_stops_the_launch_before_any_worker(monkeypatch, tmp_path):
+    import torch.multiprocessing
+    from vissl.utils import distributed_launcher as dl
+    from vissl_swav_plugin.config.validation import ConfigError
+
+    root = make_image_folder(tmp_path / "d", classes=2, per_class=8)
+    (root / "class0" / "again").symlink_to(".", target_is_directory=True)
+    cfg = compose([QUICK, "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", f"config.DATA.TRAIN.DATA_PATHS=[{root}]",
+                   "config.DATA.TRAIN.DATA_LIMIT=-1", "config.DATA.TRAIN.DATASET_NAMES=[mine]",
+                   "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=1", f"config.CHECKPOINT.DIR={tmp_path / 'ck'}"])
+    started = []
+    monkeypatch.setattr(dl, "setup_logging", lambda *a, **k: None)
+    monkeypatch.setattr(torch.multiprocessing, "spawn", lambda *a, **k: started.append("spawn"))
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", lambda *a, **k: started.append("start"))
+    monkeypatch.setattr(dl, "_distributed_worker", lambda *a, **k: started.append("worker"))
+    with pytest.raises(ConfigError, match=r"directory symlink .*again -> .*a loop"):
+        dl.launch_distributed(cfg=cfg, node_id=0, engine_name="train", hook_generator=lambda cfg: [])
+    assert started == []
+    (root / "class0" / "again").unlink()  # the recorder itself: without the loop, workers start
+    dl.launch_distributed(cfg=cfg, node_id=0, engine_name="train", hook_generator=lambda cfg: [])
+    assert started
