@@ -370,3 +370,19 @@ def test_legacy_format_checkpoint_without_checksum_loads_unverified(tmp_path, ca
     with caplog.at_level("INFO"):
         assert _resume_load(path)["iteration"] == 3
     assert "has no checksum file" in caplog.text
+
+
+@pytest.mark.parametrize("sidecar", [True, False])
+def test_tools_that_read_checkpoints_name_a_damaged_file(tmp_path, sidecar):
+    """swav-plugin-to-detectron2 and swav-plugin-eval's reader check the file first."""
+    from vissl_swav_plugin.tools import feature_eval, to_detectron2
+
+    bad = _write_with_vissl_writer(tmp_path, 1)
+    if not sidecar:
+        Path(f"{bad}.sha256").unlink()
+    flip_middle_bytes(bad)
+    what = "SHA-256" if sidecar else rf"record {_crc_damaged_record(bad)} fails the CRC-32"
+    with pytest.raises(to_detectron2.ConversionError, match=rf"checkpoint file {bad} .*{what}"):
+        to_detectron2.load_checkpoint(bad, unsafe=True)
+    with pytest.raises(feature_eval.FeatureEvalError, match=rf"checkpoint file {bad} .*{what}"):
+        feature_eval.load_checkpoint(None, str(bad))
