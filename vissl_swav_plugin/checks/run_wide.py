@@ -25,7 +25,9 @@ When the run is launched:
 * at least one iteration per epoch when the dataset size is known
   (:func:`~vissl_swav_plugin.config.dataset_size.train_dataset_size`);
 * the local data paths of the splits the run reads exist and hold images; their dataset
-  lists have one length, and a dataset name VISSL looks up in its catalog is registered;
+  lists have one length, and a dataset name VISSL looks up in its catalog is registered; a
+  directory symlink loop in a ``disk_folder`` is an error, files torchvision's ImageFolder
+  skips (other extensions) or reads twice (through a symlink) are warnings;
 * settings that never act: a SwAV queue from ``queue.start_epoch >= num_epochs``,
   ``freeze_prototypes_niters >=`` the run's iterations (warnings).  DeepCluster-v2 /
   SeLa-v2 with more clusters than training samples: an error, registered by those losses
@@ -258,12 +260,73 @@ def _splits_of_the_run(cfg):
     return splits
 
 
+def _examples(paths, n=3) -> str:
+    return ", ".join(paths[:n]) + (", ..." if len(paths) > n else "")
+
+
+def _pillow_reads(ext: str) -> bool:
+    from PIL import Image
+
+    return ext in Image.registered_extensions()
+
+
+def _report_exif(key, source, path, dataset, sample) -> None:
+    """A warning when sampled images carry a non-identity EXIF orientation, which the
+    default loader (as the official code) does not apply."""
+    from PIL import Image
+
+    from vissl_swav_plugin.compat.data_safety import exif_policy
+    from vissl_swav_plugin.compat.image_modes import EXIF_ENV, exif_orientation
+
+    if exif_policy() == "apply":
+        return
+    rotated = []
+    for file in sample:
+        try:
+            with Image.open(file) as img:
+                orientation = exif_orientation(img)
+        except Exception:  # unreadable: named by the loader when it is read
+            continue
+        if orientation != 1:
+            rotated.append(f"{file} (orientation {orientation})")
+    if rotated:
+        logging.warning(
+            f"{key}: {source} path {path}{dataset}: {len(rotated)} of {len(sample)} images sampled (the first "
+            "of each class folder) carry an EXIF orientation (the camera's rotation / flip): they are read as "
+            "stored, not rotated, as the official SwAV code reads them; "
+            f"{EXIF_ENV}=apply rotates them upright: {_examples(rotated)}")
+
+
+def _report_folder_scan(key, source, path, dataset, scan) -> None:
+    """An error for a directory symlink loop, warnings for skipped and repeated files
+    (see :func:`~vissl_swav_plugin.config.dataset_size.scan_image_folder`)."""
+    if scan.loops:
+        link, target = scan.loops[0]
+        raise ConfigError(
+            f"{key}: {source} path {path}{dataset}: the directory symlink {link} -> {target} points to "
+            f"one of its own parent folders (a loop: torchvision's ImageFolder follows it and reads the same "
+            f"images many times over); {len(scan.loops)} such link(s). Remove the link")
+    from vissl_swav_plugin.config.dataset_size import IMAGE_EXTENSIONS
+
+    for ext, files in sorted(scan.skipped.items()):
+        what = (f"an image format Pillow reads, but not one of torchvision ImageFolder's extensions "
+                f"{' '.join(IMAGE_EXTENSIONS)}; convert them to use them" if _pillow_reads(ext)
+                else f"not one of torchvision ImageFolder's extensions {' '.join(IMAGE_EXTENSIONS)}")
+        logging.warning(f"{key}: {source} path {path}{dataset}: {len(files)} file(s) with extension "
+                        f"{ext or '(none)'!r} are skipped ({what}): {_examples(files)}")
+    _report_exif(key, source, path, dataset, scan.sample)
+    if scan.repeated:
+        pairs = [f"{p} (same file as {first})" for p, first in scan.repeated]
+        logging.warning(f"{key}: {source} path {path}{dataset}: {len(scan.repeated)} file(s) are read twice "
+                        f"through a symlink, so they weigh double in training: {_examples(pairs)}")
+
+
 @register_launch_check
 def check_data_paths(cfg) -> None:
     """Every local ``DATA_PATHS`` entry of a split the run reads (``disk_folder`` /
     ``disk_filelist``) exists, and a ``disk_folder`` holds images in class sub-folders:
     named at launch, before any worker starts (the workers would name it ~10 s later)."""
-    from vissl_swav_plugin.config.dataset_size import count_images
+    from vissl_swav_plugin.config.dataset_size import scan_image_folder
 
     for split in _splits_of_the_run(cfg):
         data = cfg.DATA[split]
@@ -276,11 +339,14 @@ def check_data_paths(cfg) -> None:
             dataset = f" (dataset {names[i]})" if i < len(names) else ""
             if not os.path.exists(path):
                 raise ConfigError(f"{key}: {source} path {path}{dataset} does not exist")
-            if source == "disk_folder" and os.path.isdir(path) and count_images(path) == 0:
-                raise ConfigError(
-                    f"{key}: {source} path {path}{dataset} holds no images in class sub-folders "
-                    "(torchvision ImageFolder layout <path>/<class>/<image>)"
-                )
+            if source == "disk_folder" and os.path.isdir(path):
+                scan = scan_image_folder(path)
+                if scan.images == 0:
+                    raise ConfigError(
+                        f"{key}: {source} path {path}{dataset} holds no images in class sub-folders "
+                        "(torchvision ImageFolder layout <path>/<class>/<image>)"
+                    )
+                _report_folder_scan(key, source, path, dataset, scan)
 
 
 @register_launch_check

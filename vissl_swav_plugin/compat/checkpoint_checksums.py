@@ -23,13 +23,23 @@ the run silently continues from garbage weights.  Now
   :class:`~.checkpoint_files.CheckpointError` instead of starting over.
 
 A checkpoint without a checksum (written by VISSL's own writer, an older plugin, or
-copied without it) loads as before, with an info line.  Non-local folders (``scheme://``)
+copied without it) is checked against the CRC-32 that PyTorch's zip format stores for
+every record (:func:`zip_damage`, ``zipfile.ZipFile.testzip``): a damaged record raises
+:class:`CorruptCheckpointError` naming the file and the record, and AUTO_RESUME treats it
+like a checksum mismatch (skipped, kept as ``.corrupt``, the previous checkpoint tried).
+An intact one loads as before, with an info line.  The legacy (non-zip, torch < 1.6
+``_use_new_zipfile_serialization=False``) format has no CRC: it loads unverified; a file
+whose zip directory is destroyed is left to the loader, which names it as truncated or
+corrupt.  Non-local folders (``scheme://``)
 get no checksum.  ``VISSL_SWAV_PLUGIN_COMPAT_SKIP=shim_checkpoint_checksums`` switches
 writing, checking and the fall-back off.
 """
 import hashlib
 import logging
 import os
+import zipfile
+import zlib
+from typing import Optional
 
 from vissl_swav_plugin.compat.checkpoint_files import CheckpointError, _fsync_dir, _temporary_name_in
 from vissl_swav_plugin.compat.engine import original, patch, register, skip_requested
@@ -85,21 +95,58 @@ class ChecksumMismatchError(CheckpointError):
     """A checkpoint's bytes differ from the SHA-256 recorded when it was written."""
 
 
+class CorruptCheckpointError(ChecksumMismatchError):
+    """A checkpoint without a checksum file whose zip records fail their CRC-32."""
+
+
+def zip_damage(path: str) -> Optional[str]:
+    """The first record of zip-format checkpoint ``path`` whose bytes fail the CRC-32
+    stored in the archive (e.g. ``archive/data/78``), or None when every record is intact
+    or the file is not a readable zip (legacy torch format: nothing to check)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                try:
+                    with zf.open(info) as f:
+                        while f.read(_CHUNK):
+                            pass
+                except (zipfile.BadZipFile, zlib.error, EOFError, OSError):
+                    return info.filename
+    except (zipfile.BadZipFile, OSError):
+        return None
+    return None
+
+
+def _check_zip_records(path: str, real: str) -> None:
+    damaged = zip_damage(real)
+    if damaged is not None:
+        shown = path if real == os.path.abspath(path) else f"{path} (-> {real})"
+        raise CorruptCheckpointError(
+            f"checkpoint file {shown} ({os.path.getsize(real)} bytes) is corrupt: its record {damaged} "
+            "fails the CRC-32 stored in the file (no checksum file "
+            f"{os.path.basename(real)}{SUFFIX} next to it; bit rot, a bad copy, a failing disk?). It was "
+            "not loaded and nothing was deleted; AUTO_RESUME uses the newest intact checkpoint")
+
+
 def verify_checkpoint(path: str) -> bool:
     """Check local checkpoint ``path`` (a symlink: its target) against its checksum.
 
     Returns:
-        True if verified, False if it has no checksum (logged at info level).
+        True if verified, False if it has no checksum (logged at info level; its zip
+        records are checked against their CRC-32 instead).
     Raises:
         ChecksumMismatchError: the file's SHA-256 differs from the recorded one.
+        CorruptCheckpointError: no checksum file, and a zip record fails its CRC-32.
     """
     real = os.path.realpath(path)
     for sidecar in dict.fromkeys([sidecar_of(real), sidecar_of(path)]):
         if os.path.isfile(sidecar):
             break
     else:
-        logging.info(f"Checkpoint {path} has no checksum file ({os.path.basename(real)}{SUFFIX}): loaded "
-                     "unverified (written by VISSL's own writer or an older plugin)")
+        _check_zip_records(path, real)
+        logging.info(f"Checkpoint {path} has no checksum file ({os.path.basename(real)}{SUFFIX}): checked "
+                     "only against the CRC-32 of its zip records (written by VISSL's own writer, an older "
+                     "plugin, or copied without it)")
         return False
     with open(sidecar) as f:
         expected = (f.read().split() or [""])[0].lower()
@@ -168,7 +215,8 @@ def _resume_files(checkpoint_folder, config, skip_final=False, latest_checkpoint
     if skipped:
         raise CheckpointError(
             f"no intact checkpoint to resume from in {folder}: {', '.join(skipped)} failed their checksums "
-            f"(kept as *{CORRUPT_SUFFIX}). Restore a good copy, or use another CHECKPOINT.DIR to start over")
+            f"or their CRC-32 (kept as *{CORRUPT_SUFFIX}). Restore a good copy, or use another "
+            "CHECKPOINT.DIR to start over")
     return None
 
 

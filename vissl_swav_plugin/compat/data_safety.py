@@ -29,6 +29,12 @@ Image modes (16-bit, float, CMYK, palette, alpha, multi-frame, ...)
     dropped); a mode without a defined conversion or a float image with NaN / inf is a
     :class:`BadImageError` naming the file.
 
+EXIF orientation
+    Not applied (as the official SwAV code and torchvision's loader): an image carrying a
+    non-identity orientation gets a warning, once per process, naming the file and
+    ``VISSL_SWAV_PLUGIN_EXIF=apply``, which rotates images upright
+    (``PIL.ImageOps.exif_transpose``); read when the dataset is built.
+
 Missing or empty dataset folders
     VISSL raised ``AssertionError: Directory ... does not exist`` or torchvision's
     ``FileNotFoundError: Found no valid file for the classes class0`` (no path);
@@ -39,7 +45,7 @@ import logging
 import os
 
 from vissl_swav_plugin.compat.engine import original, patch, register
-from vissl_swav_plugin.compat.image_modes import open_rgb
+from vissl_swav_plugin.compat.image_modes import EXIF_ENV, EXIF_POLICIES, open_rgb
 
 BAD_IMAGES_ENV = "VISSL_SWAV_PLUGIN_BAD_IMAGES"
 _originals = {}  # attribute -> VISSL's DiskImageDataset method before our patch
@@ -61,6 +67,16 @@ def bad_image_policy() -> str:
     value = os.environ.get(BAD_IMAGES_ENV, "error").strip().lower() or "error"
     if value not in POLICIES:
         raise ValueError(f"{BAD_IMAGES_ENV}={value!r}: use one of {', '.join(POLICIES)}")
+    return value
+
+
+def exif_policy() -> str:
+    """``VISSL_SWAV_PLUGIN_EXIF``: ``ignore`` (default, as the official code: pixels as
+    stored, a warning for an image with an EXIF orientation) or ``apply`` (rotated upright
+    with ``PIL.ImageOps.exif_transpose``)."""
+    value = os.environ.get(EXIF_ENV, "ignore").strip().lower() or "ignore"
+    if value not in EXIF_POLICIES:
+        raise ValueError(f"{EXIF_ENV}={value!r}: use one of {', '.join(EXIF_POLICIES)}")
     return value
 
 
@@ -90,6 +106,7 @@ def _init(self, cfg, data_source, path, split, dataset_name):
             problem = f"cannot be used: {e}"
         raise DatasetError(f"{key}: {data_source} path {path} (dataset {dataset_name}) {problem}") from e
     self._vissl_swav_plugin_bad_images = bad_image_policy()
+    self._vissl_swav_plugin_exif = exif_policy()
     if self._vissl_swav_plugin_bad_images == "error" and getattr(self, "enable_queue_dataset", False):
         # a failure raises, so there is nothing to substitute from the queue
         self.enable_queue_dataset = False
@@ -132,7 +149,8 @@ def _getitem_checked(self, idx):
         self._init_queues()
     path = _image_path(self, idx)
     try:
-        img = open_rgb(path, g_pathmgr.open)
+        exif = getattr(self, "_vissl_swav_plugin_exif", None) or exif_policy()
+        img = open_rgb(path, g_pathmgr.open, exif)
     except Exception as e:
         if _policy(self) == "error":
             text = getattr(e, "reason", None) or (str(e).strip().splitlines() or [""])[0]

@@ -29,6 +29,11 @@ anything else (e.g. ``BGR;16``)             :class:`UnsupportedImageError` namin
                                             and the mode
 ==========================================  ============================================
 
+EXIF orientation (a camera's "rotate 90 degrees" tag) is not applied by default, as in the
+official SwAV code (PIL through torchvision's ImageFolder): an image that carries one gets
+a warning, once per process, naming the file and the option that applies it
+(``VISSL_SWAV_PLUGIN_EXIF=apply``, read by :mod:`.data_safety`).
+
 A fixed scale per mode (not a per-image stretch) keeps the brightness of the images of a
 dataset comparable; a 12-bit sensor image stored as ``I;16`` is therefore dark (at most
 4095 / 257 = 16), as it is in any viewer.  Each warning is given once per file and
@@ -140,16 +145,49 @@ def to_rgb(img, path=""):
         f"{', '.join(EIGHT_BIT + tuple(PREMULTIPLIED) + SIXTEEN_BIT + ('I', 'F'))})")
 
 
-def open_rgb(path, opener=open):
+EXIF_ORIENTATION_TAG = 0x0112
+EXIF_POLICIES = ("ignore", "apply")
+EXIF_ENV = "VISSL_SWAV_PLUGIN_EXIF"
+
+
+def exif_orientation(img) -> int:
+    """The EXIF orientation (1..8) of an open PIL image; 1 (upright) when it has none."""
+    try:
+        return int(img.getexif().get(EXIF_ORIENTATION_TAG, 1) or 1)
+    except Exception:  # a damaged EXIF block: the pixels are still read as stored
+        return 1
+
+
+def _handle_exif(img, path, exif: str):
+    orientation = exif_orientation(img)
+    if orientation == 1:
+        return img
+    if exif == "apply":
+        from PIL import ImageOps
+
+        return ImageOps.exif_transpose(img)
+    _warn_once("exif", "", (
+        f"image file {path} carries EXIF orientation {orientation} (the camera's rotation / flip): "
+        "it is read as stored, not rotated, as the official SwAV code and torchvision's ImageFolder "
+        f"read it (warned once per process; other such images may follow). {EXIF_ENV}=apply rotates "
+        "images by their EXIF orientation"))
+    return img
+
+
+def open_rgb(path, opener=open, exif: str = "ignore"):
     """Open ``path`` (``opener(path, "rb")``, e.g. iopath's ``g_pathmgr.open``) as RGB.
 
+    Args:
+        exif: ``"ignore"`` (default, as torchvision's loader: the pixels as stored; a
+            warning, once per process, for an image with a non-identity EXIF orientation)
+            or ``"apply"`` (``PIL.ImageOps.exif_transpose``: rotated / flipped upright).
     Returns:
         The image as :func:`to_rgb` converts it, fully decoded (the file is closed).
     """
     from PIL import Image
 
     with opener(path, "rb") as f:
-        img = Image.open(f)
+        img = _handle_exif(Image.open(f), path, exif)
         rgb = to_rgb(img, path)
         rgb.load()
         return rgb

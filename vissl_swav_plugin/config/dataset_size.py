@@ -5,7 +5,8 @@ inference (:mod:`vissl_swav_plugin.losses.clustering_config`).
 """
 import math
 import os
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 from vissl_swav_plugin.config.validation import world_size_of
 
@@ -69,3 +70,83 @@ def iterations_per_epoch(cfg, num_samples: int) -> int:
     batch dropped with ``DROP_LAST``."""
     per, bs = samples_per_process(cfg, num_samples), int(cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA)
     return per // bs if cfg.DATA.TRAIN.get("DROP_LAST", False) else math.ceil(per / bs)
+
+
+@dataclass
+class FolderScan:
+    """What torchvision's ImageFolder would read from a folder (see :func:`scan_image_folder`)."""
+
+    images: int = 0
+    #: extension (lower case, ``""`` for none) -> paths of the files ImageFolder leaves out
+    skipped: Dict[str, List[str]] = field(default_factory=dict)
+    #: (directory symlink, the ancestor it resolves to): ImageFolder would walk it again and again
+    loops: List[Tuple[str, str]] = field(default_factory=list)
+    #: (path, the earlier path of the same file): one file reached twice through a symlink
+    repeated: List[Tuple[str, str]] = field(default_factory=list)
+    #: whether the walk met a symlink (file or directory)
+    has_links: bool = False
+    #: up to :data:`SAMPLE_PER_CLASS` image paths of each class folder (for header checks)
+    sample: List[str] = field(default_factory=list)
+
+
+SAMPLE_PER_CLASS = 4
+
+
+def scan_image_folder(root: str) -> FolderScan:
+    """Walk the class folders of an ImageFolder ``root`` the way torchvision does
+    (``os.walk(followlinks=True)``, a file is a sample when its name ends with one of
+    :data:`IMAGE_EXTENSIONS`) and report what it would skip or repeat: files with other
+    extensions, directory symlinks that resolve to one of their own ancestors (a loop,
+    not followed here), and files reached a second time through a symlink (looked for
+    only when the folder holds a symlink: a plain folder is walked once, keeping no list
+    of its files)."""
+    scan = _scan(root, track=False)
+    return _scan(root, track=True) if scan.has_links else scan
+
+
+def _scan(root: str, track: bool) -> FolderScan:
+    scan, seen = FolderScan(), {}
+    top = os.path.realpath(root)
+    per_class_limit = [0]
+
+    def walk(path: str, real_dir: str, ancestors: Tuple[str, ...]) -> None:
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError:
+            return
+        for e in entries:
+            link = e.is_symlink()
+            scan.has_links = scan.has_links or link
+            if e.is_dir():  # follows symlinks, as torchvision's walk does
+                real = os.path.realpath(e.path) if link else os.path.join(real_dir, e.name)
+                if link and real in ancestors:
+                    scan.loops.append((e.path, real))
+                    continue
+                walk(e.path, real, ancestors + (real,))
+                continue
+            real = (os.path.realpath(e.path) if link else os.path.join(real_dir, e.name)) if track else None
+            if e.name.lower().endswith(IMAGE_EXTENSIONS):
+                scan.images += 1
+                if len(scan.sample) < per_class_limit[0]:
+                    scan.sample.append(e.path)
+                if track:
+                    if real in seen:
+                        scan.repeated.append((e.path, seen[real]))
+                    else:
+                        seen[real] = e.path
+            elif e.is_file() and not (track and real in seen):
+                if track:
+                    seen[real] = e.path
+                scan.skipped.setdefault(os.path.splitext(e.name)[1].lower(), []).append(e.path)
+
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.is_dir():
+            real = os.path.realpath(entry.path)
+            if entry.is_symlink():
+                scan.has_links = True
+                if real == top:
+                    scan.loops.append((entry.path, real))
+                    continue
+            per_class_limit[0] = len(scan.sample) + SAMPLE_PER_CLASS
+            walk(entry.path, real, (top, real))
+    return scan

@@ -304,3 +304,85 @@ def test_auto_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, caplog
 
     with pytest.raises(CheckpointError, match=r"no intact checkpoint to resume from .*model_phase1\.torch, model_phase0"):
         get_resume_checkpoint(cfg, str(tmp_path))
+
+
+# --------------------------------------------------------------------------------------
+# corrupt checkpoints without a checksum file: the CRC-32 of PyTorch's zip records
+# --------------------------------------------------------------------------------------
+def _crc_damaged_record(path):
+    """The independent truth: Python's zipfile names the record failing its CRC-32."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        return zf.testzip()
+
+
+@pytest.mark.parametrize("where", [0.3, 0.5, 0.7])
+def test_damaged_checkpoint_without_checksum_names_file_and_record(tmp_path, where):
+    from vissl.utils.checkpoint import CheckpointLoader
+    from vissl_swav_plugin.compat.checkpoint_io import CheckpointError
+
+    prev = _write_with_vissl_writer(tmp_path, 0)
+    bad = _write_with_vissl_writer(tmp_path, 1)
+    for p in (prev, bad):  # copied without their checksum files
+        Path(f"{p}.sha256").unlink()
+    data = bytearray(bad.read_bytes())
+    at = int(len(data) * where)
+    data[at:at + 8] = b"\x00\x11\x22\x33\x44\x55\x66\x77"
+    bad.write_bytes(bytes(data))
+    record = _crc_damaged_record(bad)
+    assert record is not None and "/data/" in record
+    before = snapshot(tmp_path)
+    for load in (lambda: _resume_load(bad),  # resume / direct
+                 lambda: CheckpointLoader.load_and_broadcast_init_weights(str(bad), torch.device("cpu"))):
+        with pytest.raises(CheckpointError, match=rf"checkpoint file {bad} .*record {record} fails the CRC-32"):
+            load()
+    with pytest.raises(CheckpointError, match=rf"checkpoint\.torch \(-> {bad}\) .*record {record}"):
+        _resume_load(tmp_path / "checkpoint.torch")
+    assert snapshot(tmp_path) == before
+    assert _resume_load(prev)["iteration"] == 0
+
+
+def test_auto_resume_skips_a_crc_damaged_checkpoint_without_checksum(tmp_path, caplog):
+    from vissl.config import AttrDict
+    from vissl.utils.checkpoint import get_resume_checkpoint
+
+    cfg = AttrDict({"CHECKPOINT": {"OVERWRITE_EXISTING": False, "AUTO_RESUME": True,
+                                   "LATEST_CHECKPOINT_RESUME_FILE_NUM": 1, "CHECKPOINT_ITER_FREQUENCY": -1}})
+    for phase in range(3):
+        _write_with_vissl_writer(tmp_path, phase)
+        (tmp_path / f"model_phase{phase}.torch.sha256").unlink()
+    flip_middle_bytes(tmp_path / "model_phase2.torch")
+    record = _crc_damaged_record(tmp_path / "model_phase2.torch")
+    corrupt = (tmp_path / "model_phase2.torch").read_bytes()
+    with caplog.at_level("WARNING"):
+        assert get_resume_checkpoint(cfg, str(tmp_path)) == f"{tmp_path}/model_phase1.torch"
+    assert f"AUTO_RESUME skips {tmp_path / 'model_phase2.torch'}" in caplog.text
+    assert f"record {record} fails the CRC-32" in caplog.text
+    assert (tmp_path / "model_phase2.torch.corrupt").read_bytes() == corrupt
+
+
+def test_legacy_format_checkpoint_without_checksum_loads_unverified(tmp_path, caplog):
+    """torch's pre-1.6 (non-zip) format stores no CRC: it loads as before, with the note."""
+    path = tmp_path / "model_phase0.torch"
+    torch.save({"phase_idx": 0, "iteration": 3, "iteration_num": 3, "train_phase_idx": 0,
+                "classy_state_dict": {"w": torch.ones(4)}}, path, _use_new_zipfile_serialization=False)
+    with caplog.at_level("INFO"):
+        assert _resume_load(path)["iteration"] == 3
+    assert "has no checksum file" in caplog.text
+
+
+@pytest.mark.parametrize("sidecar", [True, False])
+def test_tools_that_read_checkpoints_name_a_damaged_file(tmp_path, sidecar):
+    """swav-plugin-to-detectron2 and swav-plugin-eval's reader check the file first."""
+    from vissl_swav_plugin.tools import feature_eval, to_detectron2
+
+    bad = _write_with_vissl_writer(tmp_path, 1)
+    if not sidecar:
+        Path(f"{bad}.sha256").unlink()
+    flip_middle_bytes(bad)
+    what = "SHA-256" if sidecar else rf"record {_crc_damaged_record(bad)} fails the CRC-32"
+    with pytest.raises(to_detectron2.ConversionError, match=rf"checkpoint file {bad} .*{what}"):
+        to_detectron2.load_checkpoint(bad, unsafe=True)
+    with pytest.raises(feature_eval.FeatureEvalError, match=rf"checkpoint file {bad} .*{what}"):
+        feature_eval.load_checkpoint(None, str(bad))
