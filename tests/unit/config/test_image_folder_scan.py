@@ -20,7 +20,7 @@ def _launch_checks(root, caplog):
     from vissl_swav_plugin.config.validation import run_launch_checks
 
     cfg = compose([QUICK, "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", f"config.DATA.TRAIN.DATA_PATHS=[{root}]",
-                   "config.DATA.TRAIN.DATA_LIMIT=-1", "config.DATA.TRAIN.DATASET_NAMES=[mine]",
+                   "config.DATA.TRAIN.DATA_LIMIT=-1", "config.DATA.TRAIN.DATASET_NAMES=[mine]", f"config.DATA.TRAIN.LABEL_PATHS=[{root}]",
                    "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=1"])
     with caplog.at_level("WARNING"):
         run_launch_checks(cfg)
@@ -127,7 +127,7 @@ def test_a_loop_stops_the_launch_before_any_worker(monkeypatch, tmp_path):
     root = make_image_folder(tmp_path / "d", classes=2, per_class=8)
     (root / "class0" / "again").symlink_to(".", target_is_directory=True)
     cfg = compose([QUICK, "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", f"config.DATA.TRAIN.DATA_PATHS=[{root}]",
-                   "config.DATA.TRAIN.DATA_LIMIT=-1", "config.DATA.TRAIN.DATASET_NAMES=[mine]",
+                   "config.DATA.TRAIN.DATA_LIMIT=-1", "config.DATA.TRAIN.DATASET_NAMES=[mine]", f"config.DATA.TRAIN.LABEL_PATHS=[{root}]",
                    "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=1", f"config.CHECKPOINT.DIR={tmp_path / 'ck'}"])
     started = []
     monkeypatch.setattr(dl, "setup_logging", lambda *a, **k: None)
