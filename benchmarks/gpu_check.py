@@ -49,9 +49,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 SECTIONS = ("sinkhorn", "train_step", "pretrain", "input_pipeline", "demo")
-# wall-clock limit of each section's subprocess, seconds (GPU run / dry run)
-LIMITS = {"sinkhorn": (90, 120), "train_step": (180, 240), "pretrain": (300, 240),
-          "input_pipeline": (120, 180), "demo": (900, 300)}
+# wall-clock limit of each section's subprocess, seconds (GPU run / dry run).  The dry run
+# checks the code path, not the time: on a loaded CI machine its sections take many times
+# their idle 5-20 s, so its limit is only a bound for a hang
+LIMITS = {"sinkhorn": (90, 1800), "train_step": (180, 1800), "pretrain": (300, 1800),
+          "input_pipeline": (120, 1800), "demo": (900, 1800)}
 FASHION_MNIST = os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
 FM_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")

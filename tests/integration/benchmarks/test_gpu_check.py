@@ -17,7 +17,7 @@ SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 SECTIONS = ("sinkhorn", "train_step", "pretrain", "input_pipeline", "demo")
 
 
-def _run(out, *extra, timeout=900):
+def _run(out, *extra, timeout=3000):  # a bound for a hang, not a speed requirement
     return subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *extra],
                           cwd=str(REPO), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout)
@@ -83,7 +83,7 @@ def test_a_failing_section_is_recorded_and_the_others_kept(dry_run, tmp_path):
     work = tmp_path / "o"
     work.mkdir()
     (work / "gpu_check.json").write_text(json.dumps(doc))
-    proc = _run(work, "--sections", "sinkhorn", "--limit", "0.01", timeout=120)
+    proc = _run(work, "--sections", "sinkhorn", "--limit", "0.01", timeout=1800)
     assert proc.returncode == 1, proc.stdout[-3000:]
     new = json.loads((work / "gpu_check.json").read_text())
     assert "ran out of its 0.01 s" in new["results"]["sinkhorn"]["error"]
@@ -93,6 +93,6 @@ def test_a_failing_section_is_recorded_and_the_others_kept(dry_run, tmp_path):
 
 
 def test_unknown_section_is_named(tmp_path):
-    proc = _run(tmp_path, "--sections", "sinkhorn,trainstep", timeout=120)
+    proc = _run(tmp_path, "--sections", "sinkhorn,trainstep", timeout=1800)
     assert proc.returncode == 2
     assert "unknown section 'trainstep'" in proc.stdout and "train_step" in proc.stdout
