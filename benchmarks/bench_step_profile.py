@@ -92,19 +92,32 @@ def format_table(rows, total, flops=None):
     return "\n".join(lines)
 
 
-def native_bf16(cpuinfo_text=None):
-    """Whether the CPU has native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16`` flags)."""
+def cpu_flags(cpuinfo_text=None):
+    """The CPU's flags (``/proc/cpuinfo``'s ``flags`` lines), an empty set if unreadable."""
     if cpuinfo_text is None:
         try:
             with open("/proc/cpuinfo") as f:
                 cpuinfo_text = f.read()
         except OSError:
-            return False
+            return set()
     flags = set()
     for line in cpuinfo_text.splitlines():
         if line.startswith("flags"):
             flags.update(line.split(":", 1)[1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return flags
+
+
+def native_bf16(cpuinfo_text=None):
+    """Whether the CPU has native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16`` flags).
+    Native is not the same as faster: with AVX512-BF16 alone the demo's bf16 step was slower
+    than fp32 (docs/experiments/benchmarks.md); :func:`bf16_matrix_units` tells AMX apart."""
+    return bool(cpu_flags(cpuinfo_text) & {"avx512_bf16", "amx_bf16"})
+
+
+def bf16_matrix_units(cpuinfo_text=None):
+    """Whether the CPU has AMX bf16 tile units (``amx_bf16``), where oneDNN's bf16
+    convolutions outrun fp32 by a wide margin."""
+    return "amx_bf16" in cpu_flags(cpuinfo_text)
 
 
 def cpu_model():
@@ -213,6 +226,7 @@ class Step:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-5)
         self.crops, self.bf16, self.threads, self.channels_last = crops, bf16, threads, channels_last
         self.compile_s = None
+        self.after_backward = None  # e.g. the gradient all-reduce of a 2-process run
         if compiled:
             t = time.perf_counter()
             self.fwd = torch.compile(lambda m, c: forward(m, c))
@@ -243,6 +257,8 @@ class Step:
                 sk.restore()
         t2 = time.perf_counter()
         loss.backward()
+        if self.after_backward is not None:
+            self.after_backward(self.model)
         t3 = time.perf_counter()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -308,28 +324,48 @@ def matmul_peak_gflops(n=1024, repeats=10, threads=1):
 
 
 # -- the all-reduce, in two spawned processes (script only) ------------------------------
-def _allreduce_worker(rank, port, numel, repeats, threads, q):
+def _two_process_worker(rank, port, steps, warmup, threads, q):
+    """One of the demo's 2 processes: its own 64-image batch, the step with the gradient
+    all-reduced between backward and optimiser (one flat message, as DDP's bucket), the
+    Sinkhorn marginals all-reduced as in the demo."""
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=rank)
-    buf = torch.randn(numel)
-    times = []
-    for i in range(repeats + 3):
-        dist.barrier()
+    crops = make_batch(build_transform(), random_images(BATCH, seed=rank))
+    step = Step(crops, threads=threads)
+    ar = []
+
+    def all_reduce_grads(model):
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
         t = time.perf_counter()
-        dist.all_reduce(buf)
-        if i >= 3:
-            times.append((time.perf_counter() - t) * 1e3)
+        dist.all_reduce(flat)
+        ar.append((time.perf_counter() - t) * 1e3)
+        flat /= 2
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+
+    step.after_backward = all_reduce_grads
+    times = []
+    for i in range(warmup + steps):
+        dist.barrier()
+        ms = step()
+        if i >= warmup:
+            times.append(ms)
     if rank == 0:
-        q.put(statistics.median(times))
+        q.put({"iteration": statistics.median(times), "all-reduce": statistics.median(ar[warmup:]),
+               "numel": sum(p.numel() for p in step.model.parameters())})
     dist.barrier()
     dist.destroy_process_group()
 
 
-def allreduce_ms(numel, repeats=20, threads=1):
-    """Median ms of a gloo all-reduce of ``numel`` fp32 over 2 spawned local processes
-    (DDP all-reduces the gradients in buckets; one message of the same size is the floor)."""
+def two_process_ms(steps, warmup, threads=1):
+    """The demo's layout measured: 2 spawned gloo processes of ``threads`` thread(s), each
+    stepping its own batch of 64 side by side; rank 0's median ms per iteration (model step
+    incl. the all-reduce) and of the gradient all-reduce alone."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -337,13 +373,117 @@ def allreduce_ms(numel, repeats=20, threads=1):
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_allreduce_worker, args=(r, port, numel, repeats, threads, q))
+    procs = [ctx.Process(target=_two_process_worker, args=(r, port, steps, warmup, threads, q))
              for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join()
+    if any(p.exitcode for p in procs):
+        raise RuntimeError(f"a worker failed (exit codes {[p.exitcode for p in procs]})")
     return q.get()
+
+
+# -- the same step inside VISSL's loop (script only) ----------------------------------------
+def _write_image_folder(root, n, classes=10, seed=0):
+    """``n`` random 28x28 gray PNGs in ``classes`` class folders (Fashion-MNIST's layout)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        d = os.path.join(root, f"c{i % classes}")
+        os.makedirs(d, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, size=(28, 28), dtype=np.uint8)).save(os.path.join(d, f"{i}.png"))
+
+
+def vissl_loop_ms(steps, warmup, threads, extra_overrides=()):
+    """Per-iteration ms of VISSL's own ``standard_train_step`` with the demo config in one
+    process (world size 1: no DDP all-reduce partner, Sinkhorn local), fed by VISSL's data
+    loader (0 workers, as the demo: PNG decoding, multi-crop and collation in the step) on
+    a temporary folder of random PNGs, hooks from VISSL's default hook generator (the
+    demo's: progress, collapse detector, loss/lr logging at LOG_FREQUENCY 1, ...).
+    Returns ``{"step": ms, "data": ms, "hooks": ms}`` (medians; ``data`` is the loader's
+    ``next``, ``hooks`` all ``run_hooks`` calls of the step incl. ``on_step``)."""
+    import contextlib
+    import io
+    import logging
+    import tempfile
+
+    import torch.distributed as dist
+    from vissl.hooks import default_hook_generator
+    from vissl.trainer.train_steps import get_train_step
+    from vissl.trainer.trainer_main import SelfSupervisionTrainer
+    from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
+
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
+    torch.set_num_threads(threads)
+    n_img = BATCH * (steps + warmup + 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "data")
+        _write_image_folder(data, n_img)
+        ov = ["config=pretrain/swav/swav_fashion_mnist_cpu", f"config.DATA.TRAIN.DATA_PATHS=[{data}]",
+              f"config.DATA.TRAIN.LABEL_PATHS=[{data}]", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
+              f"config.CHECKPOINT.DIR={tmp}/ckpt", "config.HOOKS.PRECISE_BN.ENABLED=False",
+              "config.OPTIMIZER.num_epochs=2", *extra_overrides]
+        _, cfg = convert_to_attrdict(compose_hydra_configuration(ov), dump_config=False)
+        quiet = contextlib.redirect_stdout(io.StringIO())
+        logging.getLogger().setLevel(logging.WARNING)
+        with quiet:
+            trainer = SelfSupervisionTrainer(cfg, dist_run_id="unused", checkpoint_folder=f"{tmp}/ckpt",
+                                             hooks=default_hook_generator(cfg))
+            step_fn = get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
+            task = trainer.task
+            task.prepare(pin_memory=False)
+            task.init_distributed_data_parallel_model()
+            task, _, _ = trainer._init_training_state(cfg, task)
+            task.run_hooks("on_start")
+            trainer._advance_phase(task)
+            task.run_hooks("on_phase_start")
+        acc = {"data": 0.0, "hooks": 0.0}
+        it = task.data_iterator
+
+        class _Timed:
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                t = time.perf_counter()
+                b = next(it)
+                acc["data"] += (time.perf_counter() - t) * 1e3
+                return b
+
+            def __len__(self):
+                return len(it)
+
+        task.data_iterator = _Timed()
+        run_hooks = task.run_hooks
+
+        def timed_hooks(name):
+            t = time.perf_counter()
+            run_hooks(name)
+            acc["hooks"] += (time.perf_counter() - t) * 1e3
+
+        task.run_hooks = timed_hooks
+        out = {"step": [], "data": [], "hooks": []}
+        with quiet:
+            for i in range(warmup + steps):
+                acc["data"] = acc["hooks"] = 0.0
+                t = time.perf_counter()
+                task = step_fn(task)
+                task.iteration += 1
+                task.local_iteration_num += 1
+                task.run_hooks("on_step")
+                ms = (time.perf_counter() - t) * 1e3
+                if i >= warmup:
+                    out["step"].append(ms)
+                    out["data"].append(acc["data"])
+                    out["hooks"].append(acc["hooks"])
+    return {k: statistics.median(v) for k, v in out.items()}
 
 
 # -- main --------------------------------------------------------------------------------
@@ -359,7 +499,10 @@ def main(argv=None):
     ap.add_argument("--mm-size", type=int, default=1024)
     ap.add_argument("--variants", default=",".join(ALL_VARIANTS),
                     help="comma list of " + ", ".join(ALL_VARIANTS) + " (empty: none)")
-    ap.add_argument("--no-allreduce", action="store_true", help="skip the 2-process all-reduce")
+    ap.add_argument("--no-allreduce", action="store_true",
+                    help="skip the 2-process run (the all-reduce and the demo's layout measured)")
+    ap.add_argument("--vissl-steps", type=int, default=20,
+                    help="also time this many steps of VISSL's own loop on the demo config (0: off)")
     ap.add_argument("--json", default="", help="also write the figures to this file")
     args = ap.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
@@ -370,7 +513,8 @@ def main(argv=None):
     torch.manual_seed(0)
     np.random.seed(0)
     print(f"bench_step_profile: CPU {cpu_model()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, "
-          f"capability {torch.backends.cpu.get_cpu_capability()}, native bf16 {native_bf16()}, "
+          f"capability {torch.backends.cpu.get_cpu_capability()}, bf16 flags "
+          f"{sorted(cpu_flags() & {'avx512_bf16', 'amx_bf16', 'amx_tile'}) or 'none'}, "
           f"{args.threads} thread(s) per process, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
     transform = build_transform()
@@ -390,7 +534,9 @@ def main(argv=None):
     numel = sum(p.numel() for p in model.parameters())
 
     peak = matmul_peak_gflops(args.mm_size, threads=args.threads)
-    print(f"fp32 matmul peak ({args.mm_size}^2 torch.mm, {args.threads} thread(s)): {peak:.1f} GFLOP/s")
+    peak_all = matmul_peak_gflops(args.mm_size, threads=os.cpu_count() or 1)
+    print(f"fp32 matmul peak ({args.mm_size}^2 torch.mm): {peak:.1f} GFLOP/s on {args.threads} thread(s), "
+          f"{peak_all:.1f} GFLOP/s on {os.cpu_count()} threads")
 
     # phases of today's step
     today = Step(crops, threads=args.threads)
@@ -406,11 +552,13 @@ def main(argv=None):
             for k, v in tmp.items():
                 phases[k].append(v[0])
     med = {k: statistics.median(v) for k, v in phases.items()}
+    two = None
     if not args.no_allreduce:
         try:
-            med["all-reduce"] = allreduce_ms(numel, threads=args.threads)
+            two = two_process_ms(args.rounds, args.warmup, threads=args.threads)
+            med["all-reduce"] = two["all-reduce"]
         except Exception as e:  # noqa: BLE001
-            print(f"all-reduce measurement skipped: {type(e).__name__}: {e}")
+            print(f"2-process measurement skipped: {type(e).__name__}: {e}")
     rows, total = phase_table(med)
     compute_ms = med["forward"] + med["loss (no Sinkhorn)"] + med["Sinkhorn"] + med["backward"] + med["optimiser"]
     print(f"\nphases of one process's step (batch {BATCH}, crops 2x28+4x16), median of {args.rounds}; "
@@ -421,8 +569,34 @@ def main(argv=None):
           f"{f_step / (total / 1e3) / 1e9:.2f} GFLOP/s on the whole step ({total:.1f} ms = {1e3 / total:.2f} it/s); "
           f"peak {peak:.1f} GFLOP/s per process: {100 * achieved / peak:.1f}% / {100 * f_step / (total / 1e3) / 1e9 / peak:.1f}%")
 
+    if args.vissl_steps > 0:
+        try:
+            vl = vissl_loop_ms(args.vissl_steps, args.warmup, args.threads)
+            rest = vl["step"] - vl["data"] - vl["hooks"]
+            print(f"\nVISSL's loop (standard_train_step, demo config, 1 process, {args.vissl_steps} steps, median): "
+                  f"{vl['step']:.1f} ms/it = {1e3 / vl['step']:.2f} it/s; data loader (PNG decode + multi-crop + "
+                  f"collate) {vl['data']:.1f} ms, hooks {vl['hooks']:.1f} ms, the rest (model, loss, backward, "
+                  f"optimiser, VISSL's bookkeeping) {rest:.1f} ms against {compute_ms:.1f} ms of the bare step above")
+            med["vissl loop"] = vl
+            if "bf16" in variants and native_bf16():
+                va = vissl_loop_ms(args.vissl_steps, args.warmup, args.threads,
+                                   ["config.MODEL.AMP_PARAMS.USE_AMP=True"])
+                print(f"VISSL's loop with MODEL.AMP_PARAMS.USE_AMP=True (bf16 autocast): {va['step']:.1f} ms/it; "
+                      f"fp32 / bf16: {vl['step'] / va['step']:.2f}x (sequential runs, not alternated)")
+                med["vissl loop bf16"] = va
+        except Exception as e:  # noqa: BLE001
+            print(f"VISSL loop skipped: {type(e).__name__}: {e}")
+
+    if two is not None:
+        it_ms = two["iteration"] + med["data"]
+        print(f"2 processes side by side (the demo's layout, {args.threads} thread(s) each, gradient all-reduced): "
+              f"{two['iteration']:.1f} ms model step incl. all-reduce + {med['data']:.1f} ms data = {it_ms:.1f} ms/it "
+              f"= {1e3 / it_ms:.2f} it/s; {2 * f_step / (it_ms / 1e3) / 1e9:.1f} GFLOP/s of "
+              f"{peak_all:.1f} peak on {os.cpu_count()} threads ({100 * 2 * f_step / (it_ms / 1e3) / 1e9 / peak_all:.1f}%)")
+
     result = {"cpu": cpu_model(), "threads": args.threads, "flops_forward": f_fwd, "flops_backward": f_bwd,
-              "fvcore_forward_macs": fv, "matmul_peak_gflops": peak, "phases_ms": med,
+              "fvcore_forward_macs": fv, "matmul_peak_gflops": peak, "matmul_peak_gflops_all_threads": peak_all,
+              "two_process": two, "phases_ms": med,
               "achieved_gflops_compute": achieved, "variants": {}}
 
     # variants, alternated with today's step
@@ -471,6 +645,10 @@ def main(argv=None):
             note = f"compile {steps[name].compile_s:.1f} s"
         print(_ratio_line(name, base, ratio_ms, note))
         result["variants"][name] = {"ms": ms, "today_ms": base, "ratio_today_over_variant": base / ms}
+        if name == "threads2" and two is not None:
+            print(f"  {'':18s} against the measured 2-process step ({two['iteration']:.1f} ms incl. all-reduce, "
+                  f"not alternated): {two['iteration'] / ms:5.2f}x")
+            result["variants"][name]["ratio_two_process_over_variant"] = two["iteration"] / ms
     for name, why in skipped.items():
         print(f"  {name:18s} skipped: {why}")
         result["variants"][name] = {"skipped": why}
