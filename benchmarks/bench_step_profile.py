@@ -23,7 +23,8 @@ and reports, in one run:
   ``nchw`` (channels-last off), ``threads2`` (one process, batch 2 x 64, 2 threads against
   two processes of 64 on 1 thread each: approximated by today's 64-batch step on 1 thread,
   which the two processes run side by side; the all-reduce the two processes add is not
-  counted, so the ratio favours ``threads2`` by at most the all-reduce's time), ``bf16``
+  counted, so the ratio favours ``threads2`` by at most the all-reduce's time; the 2-process
+  run also times it for real, alternated with the 2 processes' step), ``bf16``
   (CPU autocast to bfloat16, only where the CPU has native bf16: ``avx512_bf16`` or
   ``amx_bf16`` in /proc/cpuinfo), ``compile`` (``torch.compile`` of trunk and head, mode
   default; compile time reported separately; skipped with the reason if it fails),
