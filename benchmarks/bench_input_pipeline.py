@@ -115,6 +115,8 @@ def _build_loader(kind, args, folder, recipe):
     ])
     # the transform list is set after composition (its dicts are not command-line friendly)
     OmegaConf.update(cfg, "config.DATA.TRAIN.TRANSFORMS", transforms(kind, recipe), merge=False)
+    # the loss's crop count goes with the transform (the config's own value would be replaced)
+    OmegaConf.update(cfg, "config.LOSS.swav_plugin_loss.num_crops", sum(recipe[0]), merge=False)
     _, cfg = convert_to_attrdict(cfg, dump_config=False)
     dataset = build_dataset(cfg, "TRAIN")
     return build_dataloader(dataset=dataset, dataset_config=cfg.DATA.TRAIN,

@@ -108,6 +108,7 @@ def overrides(variant, args, ckpt_dir):
     return common + [
         f"config.MODEL.HEAD.PARAMS=[[swav_head,{head}]]",
         "config.LOSS.name=swav_loss",
+        "~config.LOSS.swav_plugin_loss",  # VISSL's loss: our block would be ignored (refused at composition)
         "config.LOSS.swav_loss.temperature=0.1",
         "config.LOSS.swav_loss.epsilon=0.05",
         "config.LOSS.swav_loss.num_iters=3",

@@ -4,10 +4,11 @@ on the plugin's configs.
 Hydra merges a fragment into our config key by key, so a fragment written for VISSL's ``swav_loss`` /
 ``swav_head`` can leave a config that mixes VISSL's and our components, or sets keys that nothing reads.
 What composes as is: ``transforms`` (VISSL's multi-crop chain; our loss counts its crops), ``optimization``
-fragments that set only batch, nodes and the learning-rate schedule, and trunks.  What cannot, and the error
-raised at composition (it names the key and the way out):
+fragments that set only batch, nodes and the learning-rate schedule, trunks, and ``models`` / ``heads``
+fragments (they bring VISSL's ``swav_head``, which our SwAV loss takes as it takes ours; the loss's
+``num_prototypes`` and ``embedding_dim`` follow the fragment's head).  What cannot, and the error raised at
+composition (it names the key and the way out):
 
-* a head of VISSL's (``swav_head``, set by every ``models`` and ``heads`` fragment) under one of our losses;
 * ``LOSS.name`` switched to VISSL's ``swav_loss`` (``models=resnet50_w4`` / ``resnet50_w5``) while the config
   carries our ``LOSS.swav_plugin_loss`` block, which VISSL's loss would ignore;
 * a ``LOSS.swav_loss`` value (``optimization=bs64_4gpu``'s queue) under ``swav_plugin_loss``, which reads
@@ -15,9 +16,6 @@ raised at composition (it names the key and the way out):
 """
 from vissl_swav_plugin.config.validation import ConfigError, register_config_check
 
-PLUGIN_HEADS = {"swav_plugin_loss": "swav_plugin_head", "deepclusterv2_plugin_loss": "deepclusterv2_plugin_head",
-                "selav2_plugin_loss": "swav_plugin_head"}
-VISSL_HEADS = {"swav_head": "swav_plugin_head", "swav_head_fsdp": "swav_plugin_head"}
 # VISSL's defaults for the keys of LOSS.swav_loss that its inference does not fill in
 # (vissl/config/defaults.yaml); a value other than these was set by someone and must not be ignored.
 SWAV_LOSS_DEFAULTS = {"temperature": 0.1, "use_double_precision": False, "normalize_last_layer": True,
@@ -53,17 +51,6 @@ def check_vissl_fragments(cfg):
             "fragments resnet50_w4 / resnet50_w5 do). Add config.LOSS.name=swav_plugin_loss and move the "
             "fragment's LOSS.swav_loss.queue values to LOSS.swav_plugin_loss.queue, or compose the fragment "
             f"with VISSL's own config ({VISSL_ORIGINAL})")
-    if loss not in PLUGIN_HEADS:
-        return
-    for i, head in enumerate(cfg.MODEL.HEAD.PARAMS or []):
-        name = head[0] if isinstance(head, (list, tuple)) and head else None
-        if name in VISSL_HEADS:
-            raise ConfigError(
-                f"config.MODEL.HEAD.PARAMS.{i} is VISSL's {name!r} (set by a VISSL fragment: every "
-                "+config/pretrain/swav/models=... and heads=... fragment sets it) but config.LOSS.name is "
-                f"{loss!r}, which needs {PLUGIN_HEADS[loss]!r}: add "
-                f"config.MODEL.HEAD.PARAMS.{i}.0={PLUGIN_HEADS[loss]} (same dims / use_bn / num_clusters), or "
-                f"compose the fragment with VISSL's own config ({VISSL_ORIGINAL})")
     if loss == "swav_plugin_loss" and "swav_loss" in cfg.LOSS:
         for key, default in SWAV_LOSS_DEFAULTS.items():
             value = _plain(_get(cfg.LOSS.swav_loss, key))

@@ -35,11 +35,8 @@ def _get(cfg, dotted):
 
 def _cannot_compose(frag):
     """The key our composition check must name, or None (from the fragment file alone)."""
-    heads = (frag.get("MODEL", {}).get("HEAD", {}) or {}).get("PARAMS") or []
     if frag.get("LOSS", {}).get("name") == "swav_loss":
         return "LOSS.name"
-    if any(h[0] == "swav_head" for h in heads):
-        return "MODEL.HEAD.PARAMS.0"
     swav_loss = frag.get("LOSS", {}).get("swav_loss", {})
     for key, value in _leaves(swav_loss):
         default = _get(VISSL_SWAV_LOSS_DEFAULTS, key) if key.startswith("queue.") else None
@@ -82,16 +79,19 @@ def test_fragment_composes_or_names_the_key(group, name, ours):
         assert have == value, (key, have, value)
 
 
-def test_the_suggested_head_fix_composes():
-    """The error's way out (our head with the fragment's sizes) composes, with the fragment's trunk and crops."""
+def test_a_models_fragment_brings_vissls_head_which_our_loss_takes():
+    """VISSL's swav_head under our loss is a supported mix: the fragment's head, trunk and crops are in
+    effect, and the loss's inferred sizes follow the fragment's head, not our config file's stale ones."""
     frag = _fragment("models", "resnet50_w2")
-    cfg = compose([f"config={OURS[0]}", "+config/pretrain/swav/models=resnet50_w2",
-                   "config.MODEL.HEAD.PARAMS.0.0=swav_plugin_head"])
-    assert cfg.MODEL.HEAD.PARAMS[0][0] == "swav_plugin_head"
-    assert cfg.MODEL.HEAD.PARAMS[0][1]["dims"] == frag["MODEL"]["HEAD"]["PARAMS"][0][1]["dims"]
+    head = frag["MODEL"]["HEAD"]["PARAMS"][0]
+    cfg = compose([f"config={OURS[0]}", "+config/pretrain/swav/models=resnet50_w2"])
+    assert cfg.LOSS.name == "swav_plugin_loss"
+    assert cfg.MODEL.HEAD.PARAMS[0][0] == head[0] == "swav_head"
+    assert cfg.MODEL.HEAD.PARAMS[0][1]["dims"] == head[1]["dims"]
     assert cfg.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER == 2
     assert cfg.LOSS.swav_plugin_loss.num_crops == frag["DATA"]["TRAIN"]["TRANSFORMS"][0]["total_num_crops"]
-    assert cfg.LOSS.swav_plugin_loss.embedding_dim == frag["MODEL"]["HEAD"]["PARAMS"][0][1]["dims"][-1]
+    assert cfg.LOSS.swav_plugin_loss.embedding_dim == head[1]["dims"][-1]
+    assert list(cfg.LOSS.swav_plugin_loss.num_prototypes) == list(head[1]["num_clusters"])
 
 
 def test_vissls_own_config_still_takes_its_fragments():
