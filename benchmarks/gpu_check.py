@@ -92,7 +92,7 @@ def machine_info():
 
     info = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
-                cpu=_cpu_model(), cpu_cores=os.cpu_count(), card=None, driver=None)
+                cpu=_bench_module("bench_step_profile").cpu_model(), cpu_cores=os.cpu_count(), card=None, driver=None)
     if torch.cuda.is_available():
         info["card"] = torch.cuda.get_device_name()
         info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
@@ -103,17 +103,6 @@ def machine_info():
         except (OSError, subprocess.TimeoutExpired):
             pass
     return info
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 # --------------------------------------------------------------------------- sections
