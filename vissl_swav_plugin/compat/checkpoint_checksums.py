@@ -161,6 +161,20 @@ def verify_checkpoint(path: str) -> bool:
     return True
 
 
+def verify_before_load(path, error=None) -> None:
+    """What a tool runs before it loads checkpoint ``path``: :func:`verify_checkpoint` when
+    checksums are enabled; a damaged file is raised as ``error`` (the tool's own error type,
+    same message) when one is given."""
+    if not enabled():
+        return
+    try:
+        verify_checkpoint(str(path))
+    except ChecksumMismatchError as e:
+        if error is None:
+            raise
+        raise error(str(e)) from e
+
+
 def _keep_aside(folder: str, name: str) -> str:
     """Rename a corrupt checkpoint (and its checksum) to ``<name>.corrupt[.N]``."""
     target, n = f"{name}{CORRUPT_SUFFIX}", 1

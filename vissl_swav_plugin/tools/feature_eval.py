@@ -63,11 +63,7 @@ def load_checkpoint(model, ckpt_path):
         raise FeatureEvalError(f"checkpoint not found: {ckpt_path}")
     from vissl_swav_plugin.compat import checkpoint_checksums as sums
 
-    if sums.enabled():
-        try:
-            sums.verify_checkpoint(str(ckpt_path))  # its .sha256, else the CRC-32 of its zip records
-        except sums.ChecksumMismatchError as e:
-            raise FeatureEvalError(str(e)) from e
+    sums.verify_before_load(ckpt_path, FeatureEvalError)  # its .sha256, else the CRC-32 of its zip records
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
     try:
         state = ckpt["classy_state_dict"]["base_model"]["model"]

@@ -80,11 +80,7 @@ def load_checkpoint(path, unsafe=False):
         raise ConversionError(f"checkpoint not found: {path}")
     from vissl_swav_plugin.compat import checkpoint_checksums as sums
 
-    if sums.enabled():
-        try:
-            sums.verify_checkpoint(str(path))  # its .sha256, else the CRC-32 of its zip records
-        except sums.ChecksumMismatchError as e:
-            raise ConversionError(str(e)) from e
+    sums.verify_before_load(path, ConversionError)  # its .sha256, else the CRC-32 of its zip records
     try:
         return torch.load(path, map_location="cpu", weights_only=not unsafe)
     except Exception as e:  # noqa: BLE001
