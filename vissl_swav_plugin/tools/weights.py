@@ -54,12 +54,16 @@ class WeightsError(ValueError):
 
 
 def safe_load(path):
-    """``torch.load(path, weights_only=True)`` on the CPU; :class:`WeightsError` names the file."""
+    """``torch.load(path, weights_only=True)`` on the CPU, after the file's checksum (or, without
+    one, the CRC-32 of its zip records) is checked; :class:`WeightsError` names the file."""
     import torch
+
+    from vissl_swav_plugin.compat import checkpoint_checksums as sums
 
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"weights file not found: {path}")
+    sums.verify_before_load(path, WeightsError)  # its .sha256, else the CRC-32 of its zip records
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001

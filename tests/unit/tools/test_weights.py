@@ -296,3 +296,27 @@ def test_a_file_that_needs_more_than_weights_is_refused_and_runs_nothing(tmp_pat
     assert not marker.exists() and not (tmp_path / "out.pth").exists()
     with pytest.raises(w.WeightsError, match="not found: .*missing.pth"):
         w.safe_load(tmp_path / "missing.pth")
+
+
+@pytest.mark.parametrize("tool", ["export", "import"])
+def test_a_damaged_file_without_checksum_is_refused_naming_the_record(tmp_path, capsys, tool):
+    """Bytes overwritten inside a tensor record of a file copied without its .sha256: torch.load
+    would read the wrong numbers without a word; the zip's CRC-32 (Python's zipfile, the
+    independent truth) names the record, and no output is written."""
+    import zipfile
+
+    sd = OrderedDict((f"module.{k}", v) for k, v in torchvision.models.resnet18().state_dict().items())
+    path = tmp_path / "copied_alone.pth.tar"
+    torch.save({"state_dict": sd}, path)
+    data = bytearray(path.read_bytes())
+    at = len(data) // 2
+    data[at:at + 8] = b"\x00\x11\x22\x33\x44\x55\x66\x77"
+    path.write_bytes(bytes(data))
+    with zipfile.ZipFile(path) as zf:
+        record = zf.testzip()
+    assert record is not None
+    main = w.export_main if tool == "export" else w.import_main
+    assert main([str(path), str(tmp_path / "out.pth")]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and f"record {record} fails the CRC-32" in err
+    assert not (tmp_path / "out.pth").exists()
