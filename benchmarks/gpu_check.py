@@ -28,7 +28,7 @@ out of time is recorded as an error in the JSON and the others still run):
                     wall time and 20-NN accuracy (target: >= 90% within 15 minutes on one H100).
 
 usage: python benchmarks/gpu_check.py [--out DIR] [--dry-run] [--sections a,b,...]
-         [--fashion-mnist DIR] [--limit SECONDS] [--demo-args "OPTIONS"]
+         [--fashion-mnist DIR] [--limit SECONDS] [--demo-args "OPTIONS"] [--demo-seeds 0,1,2]
 Exit code 0 when every section ran, 1 when one failed (its error is in the JSON).
 With ``--sections`` the named sections are (re)measured and the others kept from an
 existing ``<out>/gpu_check.json``, so a run split over several calls still makes one table.
@@ -53,7 +53,7 @@ SECTIONS = ("sinkhorn", "train_step", "pretrain", "input_pipeline", "demo")
 # checks the code path, not the time: on a loaded CI machine its sections take many times
 # their idle 5-20 s, so its limit is only a bound for a hang
 LIMITS = {"sinkhorn": (90, 1800), "train_step": (180, 1800), "pretrain": (300, 1800),
-          "input_pipeline": (120, 1800), "demo": (900, 1800)}
+          "input_pipeline": (300, 1800), "demo": (900, 1800)}
 FASHION_MNIST = os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
 FM_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
@@ -307,14 +307,20 @@ def section_input_pipeline(dry):
     batch = 4 if dry else 64
     recipe_name = "2x32+4x16" if dry else "2x224+6x96"
     size = (48, 40) if dry else (500, 375)  # ImageNet's typical image size
-    # the steady rate is timed from batch 2 x workers on (the prefetched ones consumed): 16
+    # the steady rate is timed from batch 2 x workers on (the prefetched ones consumed): 8
     # batches more than that on the GPU machine (2 in the dry run)
-    n = batch * (2 * workers + (2 if dry else 16))
+    n = batch * (2 * workers + (2 if dry else 8))
     args = argparse.Namespace(workers=workers, batch=batch)
     with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
         folder = _write_jpegs(os.path.join(tmp, "images"), n, size)
+        print(f"input_pipeline: {n} JPEGs written in {time.perf_counter() - t0:.0f} s", flush=True)
         loader = bp.build_loader("plugin", args, folder, bp.RECIPES[recipe_name])
-        rates = [bp.epoch(loader, r, skip=2 * workers) for r in range(1 if dry else 2)]
+        rates = []
+        for r in range(1 if dry else 2):
+            t0 = time.perf_counter()
+            rates.append(bp.epoch(loader, r, skip=2 * workers))
+            print(f"input_pipeline: epoch {r} in {time.perf_counter() - t0:.0f} s: {rates[-1]}", flush=True)
     return dict(recipe=recipe_name, images=n, image_size=f"{size[0]}x{size[1]} JPEG", workers=workers,
                 batch=batch, cpu_cores=os.cpu_count(), epoch_images_per_s=statistics.median(r[0] for r in rates),
                 steady_images_per_s=statistics.median(r[1] for r in rates))
@@ -339,8 +345,30 @@ def _write_fake_fashion_mnist(root, n_train, n_test, seed=0):
     return root
 
 
-def section_demo(dry, fashion_mnist=FASHION_MNIST, demo_args=""):
+def _opt_value(opts, name, default=None):
+    """The last value given to option ``name`` in ``opts`` (argparse's rule), else ``default``."""
+    value = default
+    for i, o in enumerate(opts):
+        if o == name and i + 1 < len(opts):
+            value = opts[i + 1]
+        elif o.startswith(name + "="):
+            value = o.split("=", 1)[1]
+    return value
+
+
+def _mean_sd(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return dict(mean=statistics.fmean(values), sd=statistics.stdev(values) if len(values) > 1 else 0.0,
+                n=len(values))
+
+
+def section_demo(dry, fashion_mnist=FASHION_MNIST, demo_args="", demo_seeds=""):
+    """``tools/demo.py`` on the GPU; with ``demo_seeds`` ("0,1,2") one run per seed, all at once
+    on the one card (each with its own data and report folder and cores / runs torch threads)."""
     _device(dry)
+    seeds = [int(x) for x in demo_seeds.split(",") if x.strip()] if demo_seeds else [None]
     with tempfile.TemporaryDirectory() as tmp:
         if dry:
             source = _write_fake_fashion_mnist(os.path.join(tmp, "fm"), 200, 50)
@@ -352,25 +380,50 @@ def section_demo(dry, fashion_mnist=FASHION_MNIST, demo_args=""):
             if missing:
                 raise RuntimeError(f"Fashion-MNIST not found: {os.path.join(fashion_mnist, missing[0])} (bring the "
                                    "offline bundle's fashion-mnist/ folder and pass --fashion-mnist)")
-            source = fashion_mnist
+            source = os.path.abspath(fashion_mnist)  # the demo runs in a temporary folder
             opts = ["--device", "gpu", "--train-per-class", "6000", "--test-per-class", "1000"]
         opts += shlex.split(demo_args)
-        out = os.path.join(tmp, "demo_output")
-        t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "demo.py"), *opts, "--source", source,
-                               "--out", out, "--data-dir", os.path.join(tmp, "data")],
-                              cwd=tmp, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise RuntimeError(f"tools/demo.py exited {proc.returncode}\n" + proc.stdout[-4000:])
-        with open(os.path.join(out, "swav_demo_report.json")) as f:
-            report = json.load(f)
-    summ = report.get("summary", {})
-    return dict(options=" ".join(opts), wall_s=wall, wall_min=wall / 60, knn20_swav=summ.get("knn20_swav"),
-                knn20_random_init=summ.get("knn20_random_init"), seed=report.get("config", {}).get("seed"),
-                train_images=6000 * 10 if not dry else 80,
-                summary=summ, target_knn20_at_least_90_within_15_min=(
-                    summ.get("knn20_swav") is not None and summ["knn20_swav"] >= 90 and wall <= 900))
+        if len(seeds) > 1 and _opt_value(opts, "--threads") is None:
+            opts += ["--threads", str(max(1, (os.cpu_count() or 1) // len(seeds)))]
+        procs, t0 = [], time.perf_counter()
+        for i, seed in enumerate(seeds):
+            run_opts = opts + ([] if seed is None else ["--seed", str(seed)])
+            out = os.path.join(tmp, f"demo_output_{i}")
+            log = open(os.path.join(tmp, f"demo_{i}.log"), "w+")
+            procs.append((run_opts, out, log, subprocess.Popen(
+                [sys.executable, os.path.join(REPO, "tools", "demo.py"), *run_opts, "--source", source,
+                 "--out", out, "--data-dir", os.path.join(tmp, f"data_{i}")],
+                cwd=tmp, env=_env(), stdout=log, stderr=subprocess.STDOUT, text=True)))
+        runs = []
+        for run_opts, out, log, proc in procs:
+            rc = proc.wait()
+            wall = time.perf_counter() - t0
+            log.seek(0)
+            text = log.read()
+            log.close()
+            if rc != 0:
+                for *_, other in procs:
+                    if other.poll() is None:
+                        other.kill()
+                raise RuntimeError(f"tools/demo.py {' '.join(run_opts)} exited {rc}\n" + text[-4000:])
+            with open(os.path.join(out, "swav_demo_report.json")) as f:
+                report = json.load(f)
+            summ = report.get("summary", {})
+            runs.append(dict(seed=report.get("config", {}).get("seed"), wall_s=wall, summary=summ,
+                             knn20_swav=summ.get("knn20_swav"), knn20_random_init=summ.get("knn20_random_init"),
+                             linear_swav=summ.get("linear_swav"), shot10_swav=summ.get("shot10_swav")))
+    first = runs[0]
+    wall = max(r["wall_s"] for r in runs)
+    train_images = int(_opt_value(opts, "--train-per-class", 0)) * 10
+    keys = sorted({k for r in runs for k, v in r["summary"].items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    return dict(options=" ".join(opts), seeds=[r["seed"] for r in runs], concurrent_runs=len(runs),
+                wall_s=wall, wall_min=wall / 60, knn20_swav=first["knn20_swav"],
+                knn20_random_init=first["knn20_random_init"], seed=first["seed"], train_images=train_images,
+                summary=first["summary"], runs=runs,
+                over_seeds={k: _mean_sd([r["summary"].get(k) for r in runs]) for k in keys},
+                target_knn20_at_least_90_within_15_min=(
+                    first["knn20_swav"] is not None and first["knn20_swav"] >= 90 and wall <= 900))
 
 
 RUNNERS = {"sinkhorn": section_sinkhorn, "train_step": section_train_step, "pretrain": section_pretrain,
@@ -379,7 +432,7 @@ RUNNERS = {"sinkhorn": section_sinkhorn, "train_step": section_train_step, "pret
 
 # --------------------------------------------------------------------------- parent
 
-def run_section(name, dry, fashion_mnist, limit=None, demo_args=""):
+def run_section(name, dry, fashion_mnist, limit=None, demo_args="", demo_seeds=""):
     """Run one section in a subprocess with its time limit (``limit`` seconds, default
     :data:`LIMITS`); its result dict, or ``{"error": ...}`` (with the end of its output)
     when it failed or ran out of time."""
@@ -387,7 +440,7 @@ def run_section(name, dry, fashion_mnist, limit=None, demo_args=""):
     with tempfile.TemporaryDirectory() as tmp:
         res_path = os.path.join(tmp, "result.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-out", res_path,
-               "--fashion-mnist", fashion_mnist, "--demo-args=" + demo_args] + (["--dry-run"] if dry else [])
+               "--fashion-mnist", fashion_mnist, "--demo-args=" + demo_args, "--demo-seeds=" + demo_seeds] + (["--dry-run"] if dry else [])
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -473,10 +526,22 @@ def markdown(doc):
             row(name, f"{s['recipe']}, {s['image_size']}, {s['workers']} workers: images/s",
                 _f(s["steady_images_per_s"], "{:.0f}"))
         elif name == "demo":
-            row(name, f"tools/demo.py {s['options']}: wall time", f"{_f(s['wall_min'], '{:.1f}')} min",
-                "<= 15 min (H100)")
-            row(name, "20-NN SwAV / random init (%)", f"{_f(s['knn20_swav'], '{:.1f}')} / "
-                f"{_f(s['knn20_random_init'], '{:.1f}')}", ">= 90")
+            row(name, f"tools/demo.py {s['options']}: wall time"
+                + (f" ({s['concurrent_runs']} seeds at once)" if s.get("concurrent_runs", 1) > 1 else ""),
+                f"{_f(s['wall_min'], '{:.1f}')} min", "<= 15 min (H100)")
+            for run in s.get("runs") or [s]:
+                sm = run.get("summary", {})
+                row(name, f"seed {run.get('seed')}: 20-NN SwAV / random init; linear SwAV / raw pixels; "
+                    "10 labels/class SwAV / raw pixels (%)",
+                    f"{_f(sm.get('knn20_swav'), '{:.1f}')} / {_f(sm.get('knn20_random_init'), '{:.1f}')}; "
+                    f"{_f(sm.get('linear_swav'), '{:.1f}')} / {_f(sm.get('linear_raw_pixels'), '{:.1f}')}; "
+                    f"{_f(sm.get('shot10_swav'), '{:.1f}')} / {_f(sm.get('shot10_raw_pixels'), '{:.1f}')}",
+                    ">= 90 (20-NN)")
+            if len(s.get("runs") or []) > 1:
+                ov = s["over_seeds"]
+                row(name, "mean ± sd over seeds: 20-NN SwAV; linear SwAV; 10 labels/class SwAV (%)",
+                    "; ".join(f"{ov[k]['mean']:.2f} ± {ov[k]['sd']:.2f}" if ov.get(k) else "-"
+                              for k in ("knn20_swav", "linear_swav", "shot10_swav")))
     b = doc.get("bound", {})
     if "bound_by" in b:
         row("bound", "input images/s vs GPU step images/s (ours)",
@@ -501,6 +566,9 @@ def main(argv=None):
     p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
     p.add_argument("--fashion-mnist", default=FASHION_MNIST, help="folder of the four Fashion-MNIST .gz files")
     p.add_argument("--demo-args", default="", help="extra options of tools/demo.py, e.g. '--epochs 5'")
+    p.add_argument("--demo-seeds", default="",
+                   help="comma-separated seeds: one demo per seed, run at the same time on the card "
+                        "(default: one run, the demo's seed); the table gets mean and sd over them")
     p.add_argument("--limit", type=float, default=None,
                    help="time limit of each section, seconds (default: per section, see LIMITS)")
     p.add_argument("--child", choices=SECTIONS, help=argparse.SUPPRESS)
@@ -508,7 +576,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.child:
         fn = RUNNERS[args.child]
-        res = fn(args.dry_run, args.fashion_mnist, args.demo_args) if args.child == "demo" else fn(args.dry_run)
+        res = fn(args.dry_run, args.fashion_mnist, args.demo_args, args.demo_seeds) if args.child == "demo" else fn(args.dry_run)
         with open(args.child_out, "w") as f:
             json.dump(res, f)
         return 0
@@ -527,7 +595,8 @@ def main(argv=None):
         p.error("no CUDA device is visible; on a CPU machine use --dry-run")
     for name in names:
         print(f"gpu_check: {name} ...", flush=True)
-        doc["results"][name] = run_section(name, args.dry_run, args.fashion_mnist, args.limit, args.demo_args)
+        doc["results"][name] = run_section(name, args.dry_run, args.fashion_mnist, args.limit, args.demo_args,
+                                            args.demo_seeds)
         doc["bound"] = summarize(doc["results"])
         write(args.out, doc)
         err = doc["results"][name].get("error")

@@ -30,8 +30,11 @@ PIP="$PY -m pip --disable-pip-version-check"
 # everything but Classy Vision, then Classy Vision 0.7.0 over the copy inside the vissl wheel
 $PIP install -q --no-deps --no-index $(ls "$BUNDLE"/*.whl | grep -v '/classy_vision-')
 $PIP install -q --no-deps --no-index --force-reinstall "$BUNDLE"/classy_vision-*.whl
-# the plugin, editable, and its start-up .pth (registers it in every process importing vissl)
-$PIP install -q --no-deps --no-index --no-build-isolation -e .
+# the plugin, editable, and its start-up .pth (registers it in every process importing vissl).
+# --use-pep517: where `wheel` is installed (the GPU machine's image) pip otherwise takes the
+# legacy `setup.py develop` path, whose setuptools 80 re-runs pip with build isolation: a
+# download, which fails offline
+$PIP install -q --no-deps --no-index --no-build-isolation --use-pep517 -e .
 SITE=$($PY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 cp vissl_swav_plugin.pth "$SITE/vissl_swav_plugin.pth"
 $PY -c "import vissl, sys, torch; import vissl_swav_plugin as p; assert p.is_registered(), 'plugin did not register'; print('vissl-swav-plugin ready offline: Python', sys.version.split()[0], 'torch', torch.__version__, 'CUDA', torch.cuda.is_available())"

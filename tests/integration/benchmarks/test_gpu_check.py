@@ -78,11 +78,17 @@ def test_markdown_names_the_machine(dry_run):
         assert f"| {name} |" in md
 
 
-def test_a_failing_section_is_recorded_and_the_others_kept(dry_run, tmp_path):
-    out, doc, _ = dry_run
+def _copy_of(doc, tmp_path):
+    """An output folder holding the dry run's results (the sections a later call keeps)."""
     work = tmp_path / "o"
     work.mkdir()
     (work / "gpu_check.json").write_text(json.dumps(doc))
+    return work
+
+
+def test_a_failing_section_is_recorded_and_the_others_kept(dry_run, tmp_path):
+    out, doc, _ = dry_run
+    work = _copy_of(doc, tmp_path)
     proc = _run(work, "--sections", "sinkhorn", "--limit", "0.01", timeout=1800)
     assert proc.returncode == 1, proc.stdout[-3000:]
     new = json.loads((work / "gpu_check.json").read_text())
@@ -96,3 +102,54 @@ def test_unknown_section_is_named(tmp_path):
     proc = _run(tmp_path, "--sections", "sinkhorn,trainstep", timeout=1800)
     assert proc.returncode == 2
     assert "unknown section 'trainstep'" in proc.stdout and "train_step" in proc.stdout
+
+
+def test_demo_seeds_run_at_once_and_are_averaged(dry_run, tmp_path):
+    _, doc, _ = dry_run
+    work = _copy_of(doc, tmp_path)
+    proc = _run(work, "--sections", "demo", "--demo-seeds", "1,2", timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    d = json.loads((work / "gpu_check.json").read_text())["results"]["demo"]
+    assert d["concurrent_runs"] == 2
+    # each seed reached its own run (the seed each demo wrote into its own report)
+    assert sorted(r["seed"] for r in d["runs"]) == [1, 2] == sorted(d["seeds"])
+    import statistics
+
+    for key in ("knn20_swav", "knn20_random_init"):
+        values = [r["summary"][key] for r in d["runs"]]
+        assert d["over_seeds"][key]["mean"] == pytest.approx(statistics.fmean(values))
+        assert d["over_seeds"][key]["sd"] == pytest.approx(statistics.stdev(values))
+    assert d["wall_s"] == pytest.approx(max(r["wall_s"] for r in d["runs"]))
+    assert "--threads" in d["options"]  # the cores are shared between the runs
+    md = (work / "gpu_check.md").read_text()
+    assert "(2 seeds at once)" in md and "| demo | seed 1:" in md and "| demo | seed 2:" in md
+    assert "mean ± sd over seeds" in md
+
+
+def test_demo_gets_an_absolute_data_path(tmp_path, monkeypatch):
+    """The demo runs in a temporary folder: a relative --fashion-mnist (``make gpu-check``
+    passes ``offline_bundle/fashion-mnist``) must reach it as the same folder, absolute."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_module", SCRIPT)
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    (tmp_path / "bundle" / "fm").mkdir(parents=True)
+    for name in gc.FM_FILES:
+        (tmp_path / "bundle" / "fm" / name).write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(gc, "_device", lambda dry: None)
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_popen(cmd, **kw):
+        seen.append(cmd)
+        raise Stop
+
+    monkeypatch.setattr(gc.subprocess, "Popen", fake_popen)
+    with pytest.raises(Stop):
+        gc.section_demo(False, "bundle/fm")
+    source = seen[0][seen[0].index("--source") + 1]
+    assert source == str(tmp_path / "bundle" / "fm")

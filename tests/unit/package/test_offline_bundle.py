@@ -67,3 +67,17 @@ def test_the_plugin_itself_needs_only_bundled_setuptools():
     for r in ast.literal_eval(call.value):
         req = Requirement(r)
         assert req.specifier.contains(bundle_pins()[canonicalize_name(req.name)]), r
+
+
+def test_offline_install_builds_the_editable_plugin_without_an_index():
+    """The project has no pyproject.toml: where `wheel` is installed (the GPU machine's image),
+    pip without --use-pep517 takes the legacy `setup.py develop` path, and setuptools 80's
+    develop re-runs pip with build isolation, which downloads setuptools and fails offline
+    (seen on the H200 machine, 2026-11-26). Every editable install of the offline script must
+    force the PEP 660 path and must not reach an index."""
+    script = (REPO / "tools" / "install_offline.sh").read_text()
+    installs = [line for line in script.splitlines() if re.search(r"\$PIP install\b.*\s-e\s", line)]
+    assert installs, "tools/install_offline.sh installs the plugin editable"
+    for line in installs:
+        for flag in ("--use-pep517", "--no-build-isolation", "--no-index"):
+            assert flag in line, (flag, line)
