@@ -49,6 +49,8 @@ import time
 import numpy as np
 import torch
 
+from vissl_swav_plugin.utils.cpu_features import bf16_matrix_units, cpu_flags, native_bf16  # noqa: F401 (used and re-exported)
+
 BATCH = 64
 CROPS = [(2, 28), (4, 16)]  # (number, size) as the recipe's multicrop_plugin
 TRANSFORM = {"name": "multicrop_plugin", "total_num_crops": 6, "num_crops": [2, 4],
@@ -91,34 +93,6 @@ def format_table(rows, total, flops=None):
         lines.append(f"  {name:20s} {ms:9.2f} {100 * share:6.1f}%" + extra)
     lines.append(f"  {'total':20s} {total:9.2f} {100.0:6.1f}%")
     return "\n".join(lines)
-
-
-def cpu_flags(cpuinfo_text=None):
-    """The CPU's flags (``/proc/cpuinfo``'s ``flags`` lines), an empty set if unreadable."""
-    if cpuinfo_text is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo_text = f.read()
-        except OSError:
-            return set()
-    flags = set()
-    for line in cpuinfo_text.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-    return flags
-
-
-def native_bf16(cpuinfo_text=None):
-    """Whether the CPU has native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16`` flags).
-    Native is not the same as faster: with AVX512-BF16 alone the demo's bf16 step was slower
-    than fp32 (docs/experiments/benchmarks.md); :func:`bf16_matrix_units` tells AMX apart."""
-    return bool(cpu_flags(cpuinfo_text) & {"avx512_bf16", "amx_bf16"})
-
-
-def bf16_matrix_units(cpuinfo_text=None):
-    """Whether the CPU has AMX bf16 tile units (``amx_bf16``), where oneDNN's bf16
-    convolutions outrun fp32 by a wide margin."""
-    return "amx_bf16" in cpu_flags(cpuinfo_text)
 
 
 def cpu_model():

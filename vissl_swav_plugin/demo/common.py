@@ -40,6 +40,7 @@ class DemoSetup:
         threads: torch threads per training process.
         use_amp: autocast in the training (bf16 on CPU, fp16 with a GradScaler on a GPU).
         device: ``"cpu"`` (gloo processes) or ``"gpu"`` (one NCCL process per GPU).
+        amp_reason: why ``use_amp`` is what it is (``--amp`` as given, or what ``auto`` found).
     """
 
     args: object
@@ -51,6 +52,7 @@ class DemoSetup:
     threads: int
     use_amp: bool
     device: str = "cpu"
+    amp_reason: str = ""
 
     @property
     def train_log(self) -> Path:

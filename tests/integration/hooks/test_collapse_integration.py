@@ -54,10 +54,11 @@ def test_e2e_forced_collapse_warns_and_finishes(tmp_path):
 
 def test_e2e_forced_collapse_stop_exits_non_zero(tmp_path):
     proc = _run(tmp_path, FORCED + [f"{D}.ON_COLLAPSE=stop"], check=False)
-    assert proc.returncode != 0, proc.stdout[-3000:]
-    assert "CollapseError: COLLAPSE DETECTED (swav_plugin_loss): 3 consecutive iterations" in proc.stdout
-    assert "The run stops (HOOKS.COLLAPSE_DETECTOR.ON_COLLAPSE=stop)" in proc.stdout
-    assert not (tmp_path / "ckpt" / "model_final_checkpoint_phase1.torch").exists()
+    tail = f"rc {proc.returncode}; end of the output:\n{proc.stdout[-6000:]}"  # every failure shows the run
+    assert proc.returncode != 0, tail
+    assert "CollapseError: COLLAPSE DETECTED (swav_plugin_loss): 3 consecutive iterations" in proc.stdout, tail
+    assert "The run stops (HOOKS.COLLAPSE_DETECTOR.ON_COLLAPSE=stop)" in proc.stdout, tail
+    assert not (tmp_path / "ckpt" / "model_final_checkpoint_phase1.torch").exists(), tail
 
 
 def test_e2e_healthy_run_stays_quiet(tmp_path):

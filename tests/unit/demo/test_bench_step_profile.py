@@ -71,23 +71,8 @@ def test_phase_table_of_nothing_is_zero_not_an_error():
     assert total == 0.0 and rows == [("a", 0.0, 0.0)]
 
 
-@pytest.mark.parametrize("flags,expected", [
-    ("fpu avx512f avx512_bf16", True), ("fpu amx_tile amx_bf16", True), ("fpu avx2 avx512f", False),
-    ("", False)])
-def test_native_bf16_reads_the_flags_line(flags, expected):
-    text = f"processor\t: 0\nmodel name\t: X\nflags\t\t: {flags}\n"
-    assert _module().native_bf16(text) is expected
-
-
 def test_demo_batch_has_the_recipe_crops():
     mod = _module()
     batch = mod.make_batch(mod.build_transform(), mod.random_images(3))
     assert [tuple(c.shape) for c in batch] == [(3, 3, 28, 28)] * 2 + [(3, 3, 16, 16)] * 4
     assert all(c.dtype == torch.float32 for c in batch)
-
-
-@pytest.mark.parametrize("flags,expected", [
-    ("fpu avx512_bf16 amx_tile amx_bf16", True), ("fpu avx512f avx512_bf16", False), ("", False)])
-def test_amx_is_told_apart_from_avx512_bf16(flags, expected):
-    text = f"processor\t: 0\nflags\t\t: {flags}\nprocessor\t: 1\nflags\t\t: {flags}\n"
-    assert _module().bf16_matrix_units(text) is expected

@@ -231,3 +231,47 @@ def test_collapse_warnings_are_the_detectors_own_message():
                      "WARNING 2026-11-25 03:05:00,000 collapse.py: 325: " + msgs[1], info])
     assert collapse_warnings(log) == msgs
     assert collapse_warnings(info + "\n" + info) == []
+
+
+@pytest.mark.parametrize("flags,device,choice,expected,amx", [
+    ("fpu avx512f avx512_bf16 amx_tile amx_bf16", "cpu", "auto", False, True),  # AMX: faster, worse
+    ("fpu avx512f avx512_bf16", "cpu", "auto", False, False),                  # AVX512-BF16 alone: slower
+    ("fpu avx2", "cpu", "auto", False, False),
+    ("", "cpu", "auto", False, False),                                          # /proc/cpuinfo unreadable
+    ("fpu avx2", "cpu", "on", True, None), ("fpu amx_bf16", "cpu", "off", False, None),  # as given
+    ("fpu avx2", "gpu", "auto", True, None),                                    # fp16 AMP on a GPU
+])
+def test_amp_auto_is_fp32_on_cpu_and_names_amx(flags, device, choice, expected, amx):
+    from vissl_swav_plugin.demo.cli import pick_amp
+
+    text = f"processor\t: 0\nflags\t\t: {flags}\nprocessor\t: 1\nflags\t\t: {flags}\n"
+    use_amp, reason = pick_amp(choice, device, text)
+    assert use_amp is expected
+    assert reason.startswith("auto: " if choice == "auto" else f"--amp {choice}")
+    if amx is not None:  # auto on CPU: the reason says whether --amp on would be faster here
+        assert ("has AMX bf16 units (amx_bf16)" in reason) is amx and ("no AMX" in reason) is (not amx)
+
+
+def test_the_demo_says_which_autocast_it_picked_and_why(tmp_path, monkeypatch):
+    """make_setup reads the machine's /proc/cpuinfo: on CPU the default stays fp32 on every
+    kind (bf16 learned worse features, docs/demo.md), and the console line and the report's
+    host section say so and whether this CPU has AMX."""
+    import torch
+
+    from vissl_swav_plugin.demo import cli
+    from vissl_swav_plugin.utils import cpu_features
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for flags, amx in (("fpu avx512f amx_tile amx_bf16", True), ("fpu avx512f avx512_bf16", False)):
+        info = tmp_path / f"cpuinfo_{amx}"
+        info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        monkeypatch.setattr(cpu_features, "CPUINFO", str(info))
+        args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o")])
+        setup = cli.make_setup(args, mode)
+        assert setup.use_amp is False
+        label = cli.amp_label(setup)
+        assert label.startswith("bf16 autocast off (auto: fp32 on CPU; ")
+        assert ("AMX bf16 units (amx_bf16): --amp on" in label) is amx
+        args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o"), "--amp", "on"])
+        setup = cli.make_setup(args, mode)
+        assert setup.use_amp is True and cli.amp_label(setup) == "bf16 autocast on (--amp on)"
