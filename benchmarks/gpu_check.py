@@ -580,6 +580,10 @@ def main(argv=None):
         with open(args.child_out, "w") as f:
             json.dump(res, f)
         return 0
+    try:
+        [int(x) for x in args.demo_seeds.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--demo-seeds takes comma-separated integers, got {args.demo_seeds!r}")
     names = [s.strip() for s in args.sections.split(",") if s.strip()]
     bad = [s for s in names if s not in SECTIONS]
     if bad:

@@ -104,6 +104,13 @@ def test_unknown_section_is_named(tmp_path):
     assert "unknown section 'trainstep'" in proc.stdout and "train_step" in proc.stdout
 
 
+def test_bad_demo_seeds_stop_before_any_section(tmp_path):
+    proc = _run(tmp_path, "--demo-seeds", "0,one", timeout=1800)
+    assert proc.returncode == 2
+    assert "--demo-seeds takes comma-separated integers, got '0,one'" in proc.stdout
+    assert not (tmp_path / "gpu_check.json").exists()  # no section ran
+
+
 def test_demo_seeds_run_at_once_and_are_averaged(dry_run, tmp_path):
     _, doc, _ = dry_run
     work = _copy_of(doc, tmp_path)
