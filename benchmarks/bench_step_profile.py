@@ -40,7 +40,6 @@ usage: python benchmarks/bench_step_profile.py [--rounds 10] [--warmup 3] [--thr
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import sys
@@ -49,7 +48,7 @@ import time
 import numpy as np
 import torch
 
-from vissl_swav_plugin.utils.cpu_features import bf16_matrix_units, cpu_flags, native_bf16  # noqa: F401 (used and re-exported)
+from vissl_swav_plugin.utils.cpu_features import bf16_matrix_units, cpu_flags, cpu_model, native_bf16  # noqa: F401 (used and re-exported)
 
 BATCH = 64
 CROPS = [(2, 28), (4, 16)]  # (number, size) as the recipe's multicrop_plugin
@@ -93,17 +92,6 @@ def format_table(rows, total, flops=None):
         lines.append(f"  {name:20s} {ms:9.2f} {100 * share:6.1f}%" + extra)
     lines.append(f"  {'total':20s} {total:9.2f} {100.0:6.1f}%")
     return "\n".join(lines)
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 # -- the recipe's pieces ---------------------------------------------------------------

@@ -90,9 +90,11 @@ def machine_info():
     """Card, driver, torch, CUDA, Python, CPU, date of this run."""
     import torch
 
+    from vissl_swav_plugin.utils.cpu_features import cpu_model
+
     info = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
-                cpu=_bench_module("bench_step_profile").cpu_model(), cpu_cores=os.cpu_count(), card=None, driver=None)
+                cpu=cpu_model(), cpu_cores=os.cpu_count(), card=None, driver=None)
     if torch.cuda.is_available():
         info["card"] = torch.cuda.get_device_name()
         info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
@@ -364,11 +366,20 @@ def _mean_sd(values):
                 n=len(values))
 
 
+def parse_seeds(text):
+    """``--demo-seeds``' integers (``"0,1,2"`` -> ``[0, 1, 2]``); ``[]`` when empty.
+
+    Raises:
+        ValueError: an item is not an integer.
+    """
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def section_demo(dry, fashion_mnist=FASHION_MNIST, demo_args="", demo_seeds=""):
     """``tools/demo.py`` on the GPU; with ``demo_seeds`` ("0,1,2") one run per seed, all at once
     on the one card (each with its own data and report folder and cores / runs torch threads)."""
     _device(dry)
-    seeds = [int(x) for x in demo_seeds.split(",") if x.strip()] if demo_seeds else [None]
+    seeds = parse_seeds(demo_seeds) or [None]
     with tempfile.TemporaryDirectory() as tmp:
         if dry:
             source = _write_fake_fashion_mnist(os.path.join(tmp, "fm"), 200, 50)
@@ -405,25 +416,24 @@ def section_demo(dry, fashion_mnist=FASHION_MNIST, demo_args="", demo_seeds=""):
                 for *_, other in procs:
                     if other.poll() is None:
                         other.kill()
+                        other.wait()
                 raise RuntimeError(f"tools/demo.py {' '.join(run_opts)} exited {rc}\n" + text[-4000:])
             with open(os.path.join(out, "swav_demo_report.json")) as f:
                 report = json.load(f)
             summ = report.get("summary", {})
-            runs.append(dict(seed=report.get("config", {}).get("seed"), wall_s=wall, summary=summ,
-                             knn20_swav=summ.get("knn20_swav"), knn20_random_init=summ.get("knn20_random_init"),
-                             linear_swav=summ.get("linear_swav"), shot10_swav=summ.get("shot10_swav")))
-    first = runs[0]
+            runs.append(dict(seed=report.get("config", {}).get("seed"), wall_s=wall, summary=summ))
+    first = runs[0]["summary"]
     wall = max(r["wall_s"] for r in runs)
     train_images = int(_opt_value(opts, "--train-per-class", 0)) * 10
     keys = sorted({k for r in runs for k, v in r["summary"].items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)})
     return dict(options=" ".join(opts), seeds=[r["seed"] for r in runs], concurrent_runs=len(runs),
-                wall_s=wall, wall_min=wall / 60, knn20_swav=first["knn20_swav"],
-                knn20_random_init=first["knn20_random_init"], seed=first["seed"], train_images=train_images,
-                summary=first["summary"], runs=runs,
+                wall_s=wall, wall_min=wall / 60, knn20_swav=first.get("knn20_swav"),
+                knn20_random_init=first.get("knn20_random_init"), seed=runs[0]["seed"], train_images=train_images,
+                summary=first, runs=runs,
                 over_seeds={k: _mean_sd([r["summary"].get(k) for r in runs]) for k in keys},
                 target_knn20_at_least_90_within_15_min=(
-                    first["knn20_swav"] is not None and first["knn20_swav"] >= 90 and wall <= 900))
+                    first.get("knn20_swav") is not None and first["knn20_swav"] >= 90 and wall <= 900))
 
 
 RUNNERS = {"sinkhorn": section_sinkhorn, "train_step": section_train_step, "pretrain": section_pretrain,
@@ -581,7 +591,7 @@ def main(argv=None):
             json.dump(res, f)
         return 0
     try:
-        [int(x) for x in args.demo_seeds.split(",") if x.strip()]
+        parse_seeds(args.demo_seeds)
     except ValueError:
         p.error(f"--demo-seeds takes comma-separated integers, got {args.demo_seeds!r}")
     names = [s.strip() for s in args.sections.split(",") if s.strip()]

@@ -208,8 +208,8 @@ def pick_amp(choice, device, cpuinfo_text=None):
 
     ``auto``: fp16 AMP on a GPU; fp32 on CPU.  bf16 autocast (``--amp on``) trains faster where
     the CPU has AMX bf16 tile units (``amx_bf16``) and slower with AVX512-BF16 alone, but on
-    3 seeds of the full demo it learned features 1-1.5 points worse by kNN and by 100 labels per
-    class than fp32 (docs/demo.md), so ``auto`` does not pick it; the reason says whether this
+    3 seeds of the full demo its features were about 1 point worse by 20-NN (-0.97) and 0.7 by
+    100 labels per class than fp32's (docs/demo.md), so ``auto`` does not pick it; the reason says whether this
     CPU has AMX.  ``on`` / ``off`` as given.  ``cpuinfo_text``: ``/proc/cpuinfo``'s text (read
     from the machine when ``None``).
 
