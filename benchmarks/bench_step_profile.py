@@ -26,7 +26,8 @@ and reports, in one run:
   counted, so the ratio favours ``threads2`` by at most the all-reduce's time; the 2-process
   run also times it for real, alternated with the 2 processes' step), ``bf16``
   (CPU autocast to bfloat16, only where the CPU has native bf16: ``avx512_bf16`` or
-  ``amx_bf16`` in /proc/cpuinfo), ``compile`` (``torch.compile`` of trunk and head, mode
+  ``amx_bf16`` in /proc/cpuinfo; the head in fp32 as the demo config has it, ``fp32_head``;
+  its fraction is also given of the bf16 matmul peak), ``compile`` (``torch.compile`` of trunk and head, mode
   default; compile time reported separately; skipped with the reason if it fails),
   ``no-finite-check`` (the loss's non-finite guard, a host read per step, switched off).
 
@@ -106,7 +107,7 @@ def build_model(channels_last=True, width=16, prototypes=100):
     cfg = AttrDict({"TRUNK": {"NAME": "resnet_small_plugin", "RESNET_SMALL_PLUGIN": {
         "DEPTH": 10, "WIDTH": width, "CHANNELS_LAST": channels_last}}, "INPUT_TYPE": "rgb"})
     trunk = ResNetSmallPlugin(cfg)
-    head = SwAVPluginHead(cfg, dims=[8 * width, 256, 64], num_clusters=[prototypes])
+    head = SwAVPluginHead(cfg, dims=[8 * width, 256, 64], num_clusters=[prototypes], fp32_head=True)
     return torch.nn.ModuleList([trunk, head])
 
 
@@ -269,13 +270,13 @@ def count_flops(model, loss, crops):
     return fwd, total - fwd, fv
 
 
-def matmul_peak_gflops(n=1024, repeats=10, threads=1):
-    """Best-of-``repeats`` fp32 ``torch.mm`` GFLOP/s of ``n x n`` squares on ``threads``."""
+def matmul_peak_gflops(n=1024, repeats=10, threads=1, dtype=torch.float32):
+    """Best-of-``repeats`` ``torch.mm`` GFLOP/s of ``n x n`` squares of ``dtype`` on ``threads``."""
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        c = torch.empty(n, n)
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        c = torch.empty(n, n, dtype=dtype)
         torch.mm(a, b, out=c)
         best = float("inf")
         for _ in range(repeats):
@@ -606,6 +607,12 @@ def main(argv=None):
     print(f"\ncandidates (median ms of the model step -- forward, loss, backward, optimiser -- over {args.rounds} "
           f"alternating rounds; today: channels-last fp32 eager, batch {BATCH}, {args.threads} thread(s))")
     print(f"  {'today':18s} {base:9.2f} ms")
+    peak_bf16 = None
+    if "bf16" in steps:
+        peak_bf16 = matmul_peak_gflops(args.mm_size, threads=args.threads, dtype=torch.bfloat16)
+        result["matmul_peak_gflops_bf16"] = peak_bf16
+        print(f"  (bf16 matmul peak ({args.mm_size}^2 torch.mm): {peak_bf16:.1f} GFLOP/s on {args.threads} thread(s))")
+    print(f"  {'':18s} today: {f_step / base / 1e6:.2f} GFLOP/s = {100 * f_step / base / 1e6 / peak:.1f}% of the fp32 peak")
     for name in order[1:]:
         ms = statistics.median(times[name])
         note = ""
@@ -618,6 +625,14 @@ def main(argv=None):
             note = f"compile {steps[name].compile_s:.1f} s"
         print(_ratio_line(name, base, ratio_ms, note))
         result["variants"][name] = {"ms": ms, "today_ms": base, "ratio_today_over_variant": base / ms}
+        if name != "threads2":  # the same FLOPs as today's step: the fraction of the peak it reaches
+            gflops = f_step / ms / 1e6
+            frac = f"{gflops:.2f} GFLOP/s = {100 * gflops / peak:.1f}% of the fp32 peak"
+            if name == "bf16":
+                frac += f", {100 * gflops / peak_bf16:.1f}% of the bf16 peak"
+                result["variants"][name]["fraction_of_bf16_peak"] = gflops / peak_bf16
+            print(f"  {'':18s} {frac}")
+            result["variants"][name].update(achieved_gflops=gflops, fraction_of_fp32_peak=gflops / peak)
         if name == "threads2" and two is not None:
             print(f"  {'':18s} measured in the 2-process run, alternated: 2 processes x {BATCH} side by side "
                   f"{two['iteration']:.1f} ms (incl. all-reduce) vs 1 process x {2 * BATCH} on {2 * args.threads} "

@@ -19,6 +19,10 @@ A run whose demo exits non-zero is a "failed" row; the other runs still go ahead
 then exits 1, naming each failed run and its log.
 OUT/quality.md sums the runs up per recipe and set: SwAV's kNN mean ± standard deviation over the
 seeds at 20-NN, 200-NN and 5-NN beside the random-init and raw-pixel means (the tables of docs/experiments/recipe.md).
+OUT/protocols.md (and protocols.json) gives every protocol of the demo -- kNN, the linear probe and
+low-shot with 100 / 10 / 1 labels per class -- for SwAV, the random inits and the raw pixels, mean ±
+standard deviation over the seeds, per recipe and set (the README's headline table and the
+small-sets table of docs/demo.md).
 """
 import argparse
 import json
@@ -111,9 +115,25 @@ def summarize(mode, name, seed, run_out):
         min_protos_used=min((int(e[2]) for e in epochs), default=0), num_prototypes=k,
         final_loss_over_lnK=round(sum(tail) / len(tail) / math.log(k), 3) if k else None,
         swav=knn["swav"], random_init=knn["random_init"], raw_pixels=knn["raw_pixels"],
+        probes=probe_figures(report),
         train_s=report["times_s"]["train_launcher"], it_per_s=report["times_s"].get("train_it_per_s"),
         extra=json.loads((run_out / ARGS_FILE).read_text()) if (run_out / ARGS_FILE).is_file() else None,
     )
+
+
+SHOTS = ("100", "10", "1")
+FEATURES = (("swav", "SwAV"), ("random_init", "random init (mean of the inits)"), ("raw_pixels", "raw pixels"))
+
+
+def probe_figures(report):
+    """``{features: {"linear": top-1, "100": mean of the draws, "10": ..., "1": ...}}`` of a
+    report's linear and low-shot probes, or None for a run made with ``--probes off``."""
+    probes = report.get("probes")
+    if not probes:
+        return None
+    return {key: dict(linear=probes[key]["linear"]["top1"],
+                      **{k: probes[key]["low_shot"][k]["mean"] for k in SHOTS})
+            for key, _ in FEATURES}
 
 
 def markdown(rows):
@@ -138,20 +158,26 @@ def markdown(rows):
 KNN_KEYS = (("knn20", "20-NN"), ("knn200", "200-NN"), ("nn5_euclid", "5-NN"))
 
 
-def quality(rows):
-    """Per recipe, set and extra arguments, over the finished runs' seeds: SwAV's kNN mean and
-    sample standard deviation at each k, the random-init and raw-pixel means, and SwAV's
-    mean margins over both (the recipe goals: +2 over raw pixels at every k, +8 over random
-    init).  Returns a list of dicts, one per group, in the order the groups first appear."""
+def _groups(rows):
+    """``[(group, runs)]``: the finished rows by recipe, set and extra arguments, in the order the
+    groups first appear; ``group`` holds those keys, the seeds and how many runs the detector fired in."""
     groups = {}
     for r in rows:
         if r.get("exit_code"):
             continue
         groups.setdefault((r["mode"], r["set"], _extra(r)), []).append(r)
+    return [(dict(mode=mode, set=name, extra=extra, seeds=sorted(r["seed"] for r in runs),
+                  detector_fired=sum(bool(r["detector_fired"]) for r in runs)), runs)
+            for (mode, name, extra), runs in groups.items()]
+
+
+def quality(rows):
+    """Per recipe, set and extra arguments, over the finished runs' seeds: SwAV's kNN mean and
+    sample standard deviation at each k, the random-init and raw-pixel means, and SwAV's
+    mean margins over both (the recipe goals: +2 over raw pixels at every k, +8 over random
+    init).  Returns a list of dicts, one per group, in the order the groups first appear."""
     out = []
-    for (mode, name, extra), runs in groups.items():
-        g = dict(mode=mode, set=name, extra=extra, seeds=sorted(r["seed"] for r in runs),
-                 detector_fired=sum(bool(r["detector_fired"]) for r in runs))
+    for g, runs in _groups(rows):
         for key, _ in KNN_KEYS:
             swav = [r["swav"][key] for r in runs]
             mean = statistics.mean(swav)
@@ -178,11 +204,65 @@ def quality_markdown(groups):
     return "\n".join(lines) + "\n"
 
 
+PROTOCOL_COLUMNS = (("knn20", "20-NN"), ("knn200", "200-NN"), ("nn5_euclid", "5-NN"), ("linear", "linear, all labels"),
+                    ("100", "100 labels / class"), ("10", "10 / class"), ("1", "1 / class"))
+
+
+def protocols(rows):
+    """Per recipe, set and extra arguments, over the finished runs' seeds: every protocol of the
+    demo (kNN at 20 / 200 / 5, the linear probe, low-shot with 100 / 10 / 1 labels per class) for
+    each feature set (SwAV, random init, raw pixels), as ``[mean, sample sd]`` (sd None for one
+    seed or for a figure equal on every seed).  A group whose runs lack the probes (``--probes
+    off``) gets kNN columns only.  Returns a list of dicts, one per group, in the order the groups
+    first appear."""
+    out = []
+    for g, runs in _groups(rows):
+        g["figures"] = {}
+        with_probes = all(r.get("probes") for r in runs)
+        for key, _ in FEATURES:
+            cells = {}
+            for col, _ in PROTOCOL_COLUMNS:
+                if col.startswith(("knn", "nn5")):
+                    values = [r[key][col] for r in runs]
+                elif with_probes:
+                    values = [r["probes"][key][col] for r in runs]
+                else:
+                    continue
+                same = len(set(values)) == 1
+                cells[col] = [statistics.mean(values), None if same or len(values) < 2 else statistics.stdev(values)]
+            g["figures"][key] = cells
+        out.append(g)
+    return out
+
+
+def protocols_markdown(groups):
+    """:func:`protocols`' groups as Markdown: one table row per group and feature set."""
+    head = "| recipe | set | extra arguments | seeds | features | " + " | ".join(h for _, h in PROTOCOL_COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for g in groups:
+        for key, label in FEATURES:
+            cells = g["figures"][key]
+            text = [cell_text(cells[col]) if col in cells else "-" for col, _ in PROTOCOL_COLUMNS]
+            lines.append(f"| {g['mode']} | {g['set']} | {g['extra']} | {','.join(map(str, g['seeds']))} | {label} | "
+                         + " | ".join(text) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def cell_text(cell):
+    """``[mean, sd]`` as ``81.93 ± 0.56`` (``80.08`` without a spread)."""
+    mean, sd = cell
+    return f"{mean:.2f}" if sd is None else f"{mean:.2f} ± {sd:.2f}"
+
+
 def write_tables(out, table):
-    """OUT/table.json, OUT/table.md (one row per run) and OUT/quality.md (per recipe and set)."""
+    """OUT/table.json, OUT/table.md (one row per run), OUT/quality.md (kNN per recipe and set) and
+    OUT/protocols.md / protocols.json (every protocol per recipe, set and feature set)."""
     (out / "table.json").write_text(json.dumps(table, indent=1) + "\n")
     (out / "table.md").write_text(markdown(table))
     (out / "quality.md").write_text(quality_markdown(quality(table)))
+    groups = protocols(table)
+    (out / "protocols.json").write_text(json.dumps(groups, indent=1) + "\n")
+    (out / "protocols.md").write_text(protocols_markdown(groups))
 
 
 def _extra(row):
@@ -217,6 +297,7 @@ def main(argv=None):
     table = merge(rows, finished_runs(out))  # the files were written after the last run
     print(markdown(table))
     print(quality_markdown(quality(table)))
+    print(protocols_markdown(protocols(table)))
     failed = [r for r in rows if r.get("exit_code", 0) != 0]
     for r in failed:  # the table says "failed"; the exit status says it too, for scripts and queues
         print(f"recipe_table: error: {r['mode']} {r['set']} seed {r['seed']} failed (demo exit {r['exit_code']}); "

@@ -45,6 +45,12 @@ class SwAVPluginHead(nn.Module):
             the L2 normalisation (not in the paper or the reference: off by default).  It
             centres the embeddings over the batch, so that no input-independent part of
             ``z`` can dominate every sample's prototype scores (docs/experiments/collapse.md).
+        fp32_head: under autocast (AMP), run this head -- projection, normalisation and
+            prototype scores -- in fp32 on an fp32 copy of the trunk's features; the trunk
+            keeps the autocast dtype.  Off by default: the reference runs the head under AMP
+            like the rest of the model.  bf16 rounds a cosine score to about 2^-8, which the
+            temperature (0.1) turns into about 0.04 in the logits; the head costs little next
+            to the trunk (docs/demo.md, "bf16 autocast on CPU").  No effect without autocast.
     """
 
     def __init__(
@@ -57,6 +63,7 @@ class SwAVPluginHead(nn.Module):
         return_embeddings: bool = True,
         normalize_feats: bool = True,
         output_bn: bool = False,
+        fp32_head: bool = False,
     ):
         super().__init__()
         _check_dims(dims, num_clusters)
@@ -74,6 +81,7 @@ class SwAVPluginHead(nn.Module):
             layers.append(nn.BatchNorm1d(dims[-1], eps=eps, momentum=mom, affine=False))
         self.projection_head = nn.Sequential(*layers)
         self.normalize_feats = normalize_feats
+        self.fp32_head = bool(fp32_head)
         self.return_embeddings = return_embeddings
         self.num_clusters = [int(k) for k in num_clusters]
         self.nmb_heads = len(self.num_clusters)
@@ -97,6 +105,13 @@ class SwAVPluginHead(nn.Module):
             if len(batch) != 1:
                 raise ValueError(f"swav_plugin_head expects one input tensor, got {len(batch)}")
             batch = batch[0]
+        device_type = batch.device.type
+        if self.fp32_head and torch.is_autocast_enabled(device_type):
+            with torch.autocast(device_type, enabled=False):
+                return self._scores(batch.float())
+        return self._scores(batch)
+
+    def _scores(self, batch: torch.Tensor):
         if batch.dim() > 2:
             batch = torch.flatten(batch, start_dim=1)
         z = self.projection_head(batch)

@@ -234,28 +234,29 @@ def test_collapse_warnings_are_the_detectors_own_message():
 
 
 @pytest.mark.parametrize("flags,device,choice,expected,amx", [
-    ("fpu avx512f avx512_bf16 amx_tile amx_bf16", "cpu", "auto", False, True),  # AMX: faster, worse
+    ("fpu avx512f avx512_bf16 amx_tile amx_bf16", "cpu", "auto", True, True),   # AMX: faster (1.2x)
     ("fpu avx512f avx512_bf16", "cpu", "auto", False, False),                  # AVX512-BF16 alone: slower
     ("fpu avx2", "cpu", "auto", False, False),
     ("", "cpu", "auto", False, False),                                          # /proc/cpuinfo unreadable
     ("fpu avx2", "cpu", "on", True, None), ("fpu amx_bf16", "cpu", "off", False, None),  # as given
     ("fpu avx2", "gpu", "auto", True, None),                                    # fp16 AMP on a GPU
 ])
-def test_amp_auto_is_fp32_on_cpu_and_names_amx(flags, device, choice, expected, amx):
+def test_amp_auto_is_bf16_only_on_amx_cpus_and_says_why(flags, device, choice, expected, amx):
     from vissl_swav_plugin.demo.cli import pick_amp
 
     text = f"processor\t: 0\nflags\t\t: {flags}\nprocessor\t: 1\nflags\t\t: {flags}\n"
     use_amp, reason = pick_amp(choice, device, text)
     assert use_amp is expected
     assert reason.startswith("auto: " if choice == "auto" else f"--amp {choice}")
-    if amx is not None:  # auto on CPU: the reason says whether --amp on would be faster here
+    if amx is not None:  # auto on CPU: the reason says whether the CPU has AMX
         assert ("has AMX bf16 units (amx_bf16)" in reason) is amx and ("no AMX" in reason) is (not amx)
+        assert ("fp32 on CPU" in reason) is (not amx)
 
 
 def test_the_demo_says_which_autocast_it_picked_and_why(tmp_path, monkeypatch):
-    """make_setup reads the machine's /proc/cpuinfo: on CPU the default stays fp32 on every
-    kind (bf16 learned worse features, docs/demo.md), and the console line and the report's
-    host section say so and whether this CPU has AMX."""
+    """make_setup reads the machine's /proc/cpuinfo: on CPU the default is bf16 autocast where
+    the CPU has AMX and fp32 elsewhere (docs/demo.md), and the console line and the report's
+    host section say which and why."""
     import torch
 
     from vissl_swav_plugin.demo import cli
@@ -268,10 +269,14 @@ def test_the_demo_says_which_autocast_it_picked_and_why(tmp_path, monkeypatch):
         monkeypatch.setattr(cpu_features, "CPUINFO", str(info))
         args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o")])
         setup = cli.make_setup(args, mode)
-        assert setup.use_amp is False
+        assert setup.use_amp is amx
         label = cli.amp_label(setup)
-        assert label.startswith("bf16 autocast off (auto: fp32 on CPU; ")
-        assert ("AMX bf16 units (amx_bf16): --amp on" in label) is amx
-        args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o"), "--amp", "on"])
-        setup = cli.make_setup(args, mode)
-        assert setup.use_amp is True and cli.amp_label(setup) == "bf16 autocast on (--amp on)"
+        if amx:
+            assert label.startswith("bf16 autocast on (auto: this CPU has AMX bf16 units (amx_bf16)")
+        else:
+            assert label.startswith("bf16 autocast off (auto: fp32 on CPU; this CPU has no AMX")
+        for choice in ("on", "off"):
+            args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o"), "--amp", choice])
+            setup = cli.make_setup(args, mode)
+            assert setup.use_amp is (choice == "on")
+            assert cli.amp_label(setup) == f"bf16 autocast {choice} (--amp {choice})"

@@ -78,3 +78,49 @@ def test_quality_sums_up_seeds_per_recipe_and_set(tmp_path):
     md = rt.quality_markdown(groups).splitlines()
     assert len(md) == 2 + 3 * 2 and all(line.count("|") == md[0].count("|") for line in md)
     assert f"| full | fashion_mnist | none | 0,1,2 | 1/3 | 5-NN | {np.mean(swav['nn5_euclid']):.2f} ± " in md[-1]
+
+
+def _probes(base):
+    """A report's ``probes`` section: linear top-1 ``base`` and low-shot means below it."""
+    return {key: {"linear": {"top1": base + off}, "low_shot": {k: {"mean": base + off - d, "per_draw": []}
+                                                              for k, d in (("100", 3.0), ("10", 11.0), ("1", 30.0))}}
+            for key, off in (("swav", 0.0), ("random_init", -8.0), ("raw_pixels", -2.0))}
+
+
+def test_protocols_sum_up_every_protocol_per_feature_set(tmp_path):
+    """protocols.md / .json: per recipe / set / extra arguments and feature set, the mean and
+    sample standard deviation over the seeds of kNN, the linear probe and each low-shot size
+    (numpy's figures); no spread where a figure is the same on every seed (the raw pixels' kNN);
+    kNN only for runs made with --probes off; a failed run is not mixed in."""
+    import json
+
+    import numpy as np
+
+    rt = _module()
+    linear = [84.8, 85.0, 84.6]
+    for seed, lin in enumerate(linear):
+        run = _fake_run(tmp_path, f"full_fashion_mnist_s{seed}", [], 80.0 + seed)
+        report = json.loads((run / "swav_demo_report.json").read_text())
+        report["probes"] = _probes(lin)
+        (run / "swav_demo_report.json").write_text(json.dumps(report))
+    _fake_run(tmp_path, "quick_digits_s0", ["--probes", "off"], 70.0)
+    rows = rt.finished_runs(tmp_path) + [dict(mode="full", set="fashion_mnist", seed=3, exit_code=1, extra=[])]
+    fm, digits = rt.protocols(rows)  # the order of the run folders
+    assert digits["set"] == "digits" and sorted(digits["figures"]["swav"]) == ["knn20", "knn200", "nn5_euclid"]
+    assert fm["seeds"] == [0, 1, 2]
+    sw = fm["figures"]["swav"]
+    assert sw["knn20"] == pytest.approx([np.mean([80.0, 81.0, 82.0]), np.std([80.0, 81.0, 82.0], ddof=1)])
+    assert sw["knn200"] == [60.0, None]  # the same on every seed
+    for col, d in (("linear", 0.0), ("100", 3.0), ("10", 11.0), ("1", 30.0)):
+        values = np.array(linear) - d
+        assert sw[col] == pytest.approx([values.mean(), values.std(ddof=1)])
+        assert fm["figures"]["random_init"][col][0] == pytest.approx(values.mean() - 8.0)
+        assert fm["figures"]["raw_pixels"][col][0] == pytest.approx(values.mean() - 2.0)
+    md = rt.protocols_markdown([fm, digits]).splitlines()
+    assert len(md) == 2 + 3 * 2 and all(line.count("|") == md[0].count("|") for line in md)
+    assert md[5] == "| quick | digits | --probes off | 0 | SwAV | 70.00 | 60.00 | 70.00 | - | - | - | - |"
+    assert md[2].startswith("| full | fashion_mnist | none | 0,1,2 | SwAV | 81.00 ± 1.00 | 60.00 | 70.00 | "
+                            f"{np.mean(linear):.2f} ± {np.std(linear, ddof=1):.2f} |")
+    rt.write_tables(tmp_path, rows)
+    assert json.loads((tmp_path / "protocols.json").read_text()) == json.loads(json.dumps([fm, digits]))
+    assert (tmp_path / "protocols.md").read_text().splitlines() == md
