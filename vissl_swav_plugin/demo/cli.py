@@ -17,7 +17,8 @@ from .common import FASHION_MNIST, REPO, Clock, DemoError, DemoSetup, Evaluation
 from .data import prepare_data
 from .evaluation import evaluate
 from .report import REPORT_JSON, REPORT_PNG, build_report, figure_meta, make_figure, print_summary, write_json
-from .training import collapse_warnings, final_checkpoint, read_loss_curve, run_training, training_overrides
+from .training import (TrainingStopped, collapse_warnings, final_checkpoint, read_loss_curve, run_training,
+                       training_overrides)
 
 DESCRIPTION = "`make demo`: SwAV on Fashion-MNIST on a few CPU cores, end to end."
 
@@ -74,7 +75,8 @@ def epochs_for(mode, iters_per_epoch):
 
 
 def main(argv=None):
-    """Run the demo; returns the exit code (0, or 2 after a ``demo: error: ...`` line).
+    """Run the demo; returns the exit code (0; 2 after a ``demo: error: ...`` line; 128 + the
+    signal's number when SIGTERM or SIGHUP stopped the training).
 
     Example: ``main(["--quick", "--out", "/tmp/demo"])``; ``python tools/demo.py --help``
     lists the options.
@@ -92,6 +94,10 @@ def main(argv=None):
     except DemoError as e:
         print(f"demo: error: {e}", file=sys.stderr)
         return 2
+    except TrainingStopped as e:
+        print(f"demo: {e}: the training processes were stopped; nothing after the training was run",
+              file=sys.stderr)
+        return 128 + e.signum
     print_summary(evaluation.results, evaluation.protos, len(data["train_y"]), len(data["test_y"]), times,
                   png, setup.out / REPORT_JSON, collapse=train.collapse, train_log=setup.train_log,
                   probes=evaluation.probes)

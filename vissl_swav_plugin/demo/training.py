@@ -6,11 +6,13 @@
 per-iteration log lines into one compact progress line, and :func:`read_loss_curve`
 reads the loss curve back from VISSL's ``stdout.json``.
 """
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -243,6 +245,37 @@ def _warmup_overrides(iters, transforms, crops):
     return out
 
 
+class TrainingStopped(Exception):
+    """SIGTERM or SIGHUP reached the demo while the launcher ran; the launcher's processes were
+    stopped before this was raised.  ``signum``: the signal."""
+
+    def __init__(self, signum):
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def _termination_raises():
+    """While inside: SIGTERM and SIGHUP raise :class:`TrainingStopped` in the main thread
+    instead of ending the process at once.  The launcher runs in its own session (so that its
+    whole process group can be stopped), so it would not see a signal sent to the demo, and
+    the training would go on with nobody reading its output.  Outside the main thread, where
+    handlers cannot be set, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise TrainingStopped(signum)
+
+    before = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+
+
 def run_training(overrides, run_dir, total_iters, num_epochs, threads):
     """Run VISSL's launcher with ``overrides`` in ``run_dir`` and show its progress.
 
@@ -255,6 +288,7 @@ def run_training(overrides, run_dir, total_iters, num_epochs, threads):
 
     Raises:
         DemoError: the launcher failed (the message holds the log's last 40 lines).
+        TrainingStopped: SIGTERM or SIGHUP arrived; the launcher's processes were stopped.
     """
     log_path = run_dir / TRAIN_LOG
     env = dict(os.environ)
@@ -266,7 +300,7 @@ def run_training(overrides, run_dir, total_iters, num_epochs, threads):
     curve = []
     warned = False
     t0 = time.time()
-    with open(log_path, "w") as log:
+    with open(log_path, "w") as log, _termination_raises():
         proc = subprocess.Popen(cmd, cwd=str(run_dir), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
         try:
