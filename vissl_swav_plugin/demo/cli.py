@@ -217,8 +217,9 @@ def pick_amp(choice, device, cpuinfo_text=None):
     (``amx_bf16``): there it trains faster than fp32 (1.2x the demo's iterations per second,
     1.6x on the bare step, docs/demo.md), and with the demo config's head in fp32
     (``fp32_head``) its features stayed within fp32's spread over 3 seeds of the full demo;
-    fp32 elsewhere, where bf16 autocast is slower (AVX512-BF16 alone) or emulated.  ``on`` / ``off`` as given.  ``cpuinfo_text``: ``/proc/cpuinfo``'s text (read
-    from the machine when ``None``).
+    fp32 elsewhere, where bf16 autocast is slower (AVX512-BF16 alone) or emulated.  ``on`` /
+    ``off`` as given.  ``cpuinfo_text``: ``/proc/cpuinfo``'s text (read from the machine when
+    ``None``).
 
     Example: ``pick_amp("auto", "cpu", "flags : avx512f")`` is
     ``(False, "auto: fp32 on CPU; this CPU has no AMX bf16 units, where bf16 autocast would be slower")``.
