@@ -204,8 +204,8 @@ def quality_markdown(groups):
     return "\n".join(lines) + "\n"
 
 
-PROTOCOL_COLUMNS = (("knn20", "20-NN"), ("knn200", "200-NN"), ("nn5_euclid", "5-NN"), ("linear", "linear, all labels"),
-                    ("100", "100 labels / class"), ("10", "10 / class"), ("1", "1 / class"))
+PROTOCOL_COLUMNS = KNN_KEYS + (("linear", "linear, all labels"), ("100", "100 labels / class"), ("10", "10 / class"),
+                               ("1", "1 / class"))
 
 
 def protocols(rows):
@@ -222,7 +222,7 @@ def protocols(rows):
         for key, _ in FEATURES:
             cells = {}
             for col, _ in PROTOCOL_COLUMNS:
-                if col.startswith(("knn", "nn5")):
+                if col in dict(KNN_KEYS):
                     values = [r[key][col] for r in runs]
                 elif with_probes:
                     values = [r["probes"][key][col] for r in runs]
