@@ -67,6 +67,8 @@ class SwAVPluginHead(nn.Module):
     ):
         super().__init__()
         _check_dims(dims, num_clusters)
+        if not isinstance(fp32_head, bool):  # a quoted "false" would otherwise switch it on
+            raise ValueError(f"swav_plugin_head: 'fp32_head' must be True or False, got {fp32_head!r}")
         dims = [int(d) for d in dims]
         eps = getattr(getattr(model_config, "HEAD", None), "BATCHNORM_EPS", 1e-5) if model_config else 1e-5
         mom = getattr(getattr(model_config, "HEAD", None), "BATCHNORM_MOMENTUM", 0.1) if model_config else 0.1
@@ -81,7 +83,7 @@ class SwAVPluginHead(nn.Module):
             layers.append(nn.BatchNorm1d(dims[-1], eps=eps, momentum=mom, affine=False))
         self.projection_head = nn.Sequential(*layers)
         self.normalize_feats = normalize_feats
-        self.fp32_head = bool(fp32_head)
+        self.fp32_head = fp32_head
         self.return_embeddings = return_embeddings
         self.num_clusters = [int(k) for k in num_clusters]
         self.nmb_heads = len(self.num_clusters)

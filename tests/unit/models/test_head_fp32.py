@@ -91,3 +91,9 @@ def test_the_deepcluster_v2_head_takes_the_option_too():
     for g, w in zip(got, off(x.float())):
         assert g.dtype == torch.float32
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("value", ["false", "True", 1, 0, None])
+def test_a_value_that_is_not_a_bool_is_refused_naming_the_key(value):
+    with pytest.raises(ValueError, match=r"swav_plugin_head: 'fp32_head' must be True or False, got "):
+        SwAVPluginHead(None, dims=DIMS, num_clusters=K, fp32_head=value)
