@@ -186,7 +186,12 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         base.append(f"config.HOOKS.PRECISE_BN.ENABLED={bool(mode['precise_bn'])}")
     if device == "gpu":
         base += ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl",
-                 "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16", "config.DATA.NUM_DATALOADER_WORKERS=8"]
+                 "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16", "config.DATA.NUM_DATALOADER_WORKERS=8",
+                 # fork-started loader workers: VISSL's default, forkserver, starts every worker as a
+                 # fresh interpreter that imports torch and VISSL again, at every epoch (VISSL makes
+                 # its DataLoader without persistent_workers); on a 16-core H100 machine that took
+                 # about 70 s per epoch against a few seconds of training (docs/gpu.md)
+                 "config.MULTI_PROCESSING_METHOD=fork"]
     user = list(user_overrides)
     composed = compose_config(base + user)
     transforms = list(composed.DATA.TRAIN.TRANSFORMS or [])

@@ -195,6 +195,11 @@ def test_device_choice_cpu_defaults_and_gpu_overrides(tmp_path, monkeypatch):
     cfg = compose(training_overrides(mode, tmp_path, tmp_path, True, 1, 0, device="gpu"))
     assert cfg.MACHINE.DEVICE == "gpu" and cfg.DISTRIBUTED.BACKEND == "nccl"
     assert cfg.MODEL.AMP_PARAMS.USE_AMP and cfg.MODEL.AMP_PARAMS.AMP_DTYPE == "float16"
+    # loader workers started by fork on a GPU (forkserver re-imports torch and VISSL in every
+    # worker at every epoch); the CPU demo keeps the config's start method
+    assert cfg.MULTI_PROCESSING_METHOD == "fork" and cfg.DATA.NUM_DATALOADER_WORKERS == 8
+    cpu = compose(training_overrides(mode, tmp_path, tmp_path, True, 1, 0, device="cpu"))
+    assert cpu.MULTI_PROCESSING_METHOD == "forkserver"
 
 
 def test_figure_names_the_image_set(tmp_path):
