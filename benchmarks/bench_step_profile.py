@@ -29,14 +29,19 @@ and reports, in one run:
   ``amx_bf16`` in /proc/cpuinfo; the head in fp32 as the demo config has it, ``fp32_head``;
   its fraction is also given of the bf16 matmul peak), ``compile`` (``torch.compile`` of trunk and head, mode
   default; compile time reported separately; skipped with the reason if it fails),
-  ``no-finite-check`` (the loss's non-finite guard, a host read per step, switched off).
+  ``no-finite-check`` (the loss's non-finite guard, a host read per step, switched off),
+  ``bf16-compile`` (bf16 with ``torch.compile``) and ``bf16-im2col-wgrad`` (bf16 with the
+  weight gradient of the convolutions of >= 64 input channels computed as one matmul over
+  im2col slices instead of by oneDNN's kernel); the ``bf16-`` ones are also given against
+  the bf16 step;
+* with ``--op-profile STEPS``, the costliest aten ops of today's and the bf16 step (ms per step).
 
 The machine's cores may be shared: run with ``--threads 1`` (the demo's threads per process)
 and read the ratios, which alternation makes robust to load, rather than the absolute times.
 
 usage: python benchmarks/bench_step_profile.py [--rounds 10] [--warmup 3] [--threads 1]
-          [--mm-size 1024] [--variants nchw,threads2,bf16,compile,no-finite-check]
-          [--no-allreduce] [--json out.json]
+          [--mm-size 1024] [--variants nchw,threads2,bf16,compile,no-finite-check,bf16-compile,
+          bf16-im2col-wgrad] [--op-profile 5] [--no-allreduce] [--json out.json]
 """
 import argparse
 import json
@@ -65,7 +70,10 @@ LOSS = {"temperature": 0.1, "epsilon": 0.05, "num_iters": 3, "crops_for_assign":
         "queue": {"queue_length": 0, "start_epoch": 1, "local_queue_length": 0,
                   "use_before_full": False}}
 PHASES = ("data", "forward", "loss (no Sinkhorn)", "Sinkhorn", "backward", "optimiser", "all-reduce")
-ALL_VARIANTS = ("nchw", "threads2", "bf16", "compile", "no-finite-check")
+ALL_VARIANTS = ("nchw", "threads2", "bf16", "compile", "no-finite-check", "bf16-compile", "bf16-im2col-wgrad")
+# convolutions whose weight gradient the bf16-im2col-wgrad candidate computes itself: those with at
+# least this many input channels (the last two stages, on 7x7 and smaller maps)
+IM2COL_MIN_CHANNELS = 64
 
 
 # -- pure functions (unit-tested) ------------------------------------------------------
@@ -178,13 +186,63 @@ class SinkhornTimer:
         self.mod.sinkhorn_knopp = self.inner
 
 
+class _Im2colWgradConv(torch.autograd.Function):
+    """A convolution (no bias, square kernel, equal stride and padding on both axes) whose
+    weight gradient is one matmul of the output gradient with the input's k x k shifted
+    copies (im2col by slicing the channels-last input), instead of oneDNN's weight-gradient
+    kernel; the input gradient is oneDNN's.  The same sums, in another order: a candidate
+    measured here, not used by the plugin."""
+
+    @staticmethod
+    def forward(ctx, x, w, stride, pad):
+        ctx.save_for_backward(x, w)
+        ctx.stride, ctx.pad = stride, pad
+        return torch.nn.functional.conv2d(x, w, None, stride, pad)
+
+    @staticmethod
+    def backward(ctx, go):
+        x, w = ctx.saved_tensors
+        s, p, k = ctx.stride, ctx.pad, w.shape[-1]
+        gi = None
+        if ctx.needs_input_grad[0]:
+            gi = torch.ops.aten.convolution_backward(go, x, w, None, [s, s], [p, p], [1, 1], False, [0, 0], 1,
+                                                     [True, False, False])[0]
+        n, c = x.shape[:2]
+        co, ho, wo = go.shape[1:]
+        xh = torch.nn.functional.pad(x.permute(0, 2, 3, 1), (0, 0, p, p, p, p))  # N H W C
+        cols = torch.stack([xh[:, i:i + s * (ho - 1) + 1:s, j:j + s * (wo - 1) + 1:s, :]
+                            for i in range(k) for j in range(k)], dim=3).reshape(n * ho * wo, k * k * c)
+        gw = go.permute(0, 2, 3, 1).reshape(n * ho * wo, co).t() @ cols
+        return gi, gw.reshape(co, k, k, c).permute(0, 3, 1, 2).to(w.dtype), None, None
+
+
+def use_im2col_wgrad(model, min_channels=IM2COL_MIN_CHANNELS):
+    """Routes the convolutions of ``model`` with >= ``min_channels`` input channels through
+    :class:`_Im2colWgradConv` (under CPU autocast: input and weight in the autocast dtype, as
+    autocast's convolution).  Returns how many."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Conv2d) and m.in_channels >= min_channels and m.bias is None:
+            def fwd(x, m=m):
+                if torch.is_autocast_enabled("cpu"):
+                    dt = torch.get_autocast_dtype("cpu")
+                    with torch.autocast("cpu", enabled=False):
+                        return _Im2colWgradConv.apply(x.to(dt), m.weight.to(dt), m.stride[0], m.padding[0])
+                return _Im2colWgradConv.apply(x, m.weight, m.stride[0], m.padding[0])
+            m.forward = fwd
+            n += 1
+    return n
+
+
 class Step:
     """One training step of one configuration on a fixed batch; ``__call__`` -> ms."""
 
     def __init__(self, crops, channels_last=True, bf16=False, compiled=False, finite_check=True,
-                 threads=1, distributed_sinkhorn=True):
+                 threads=1, distributed_sinkhorn=True, im2col_wgrad=False):
         self.model = build_model(channels_last)
         self.loss = build_loss(distributed_sinkhorn)
+        if im2col_wgrad:
+            self.im2col_convs = use_im2col_wgrad(self.model)
 
         if not finite_check:
             self.loss._check_finite = lambda *a, **k: None
@@ -460,6 +518,22 @@ def vissl_loop_ms(steps, warmup, threads, extra_overrides=()):
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def op_profile(step, steps=5, top=10):
+    """``{op: ms per step}`` of ``step``'s ``top`` aten ops by self CPU time (torch.profiler over
+    ``steps`` steps, after one unprofiled step), and their sum over all ops under ``"total"``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    events = sorted((e for e in prof.key_averages() if e.key.startswith("aten::")),
+                    key=lambda e: -e.self_cpu_time_total)
+    out = {e.key: e.self_cpu_time_total / 1e3 / steps for e in events[:top]}
+    out["total"] = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e3 / steps
+    return out
+
+
 # -- main --------------------------------------------------------------------------------
 def _ratio_line(name, base_ms, ms, note=""):
     return f"  {name:18s} {ms:9.2f} ms   today / variant: {base_ms / ms:5.2f}x" + (f"   ({note})" if note else "")
@@ -477,6 +551,9 @@ def main(argv=None):
                     help="skip the 2-process run (the all-reduce and the demo's layout measured)")
     ap.add_argument("--vissl-steps", type=int, default=20,
                     help="also time this many steps of VISSL's own loop on the demo config (0: off)")
+    ap.add_argument("--op-profile", type=int, default=0, metavar="STEPS",
+                    help="also profile today's and the bf16 step over STEPS steps: ms per step of the "
+                         "costliest aten ops (torch.profiler; 0: off)")
     ap.add_argument("--json", default="", help="also write the figures to this file")
     args = ap.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
@@ -594,6 +671,15 @@ def main(argv=None):
                 print(f"torch.compile: {steps[v].compile_s:.1f} s to compile (2 steps incl.)")
             elif v == "no-finite-check":
                 steps[v] = Step(crops, finite_check=False, threads=args.threads)
+            elif v in ("bf16-compile", "bf16-im2col-wgrad"):
+                if not native_bf16():
+                    skipped[v] = "no native bf16 (avx512_bf16 / amx_bf16) on this CPU"
+                    continue
+                torch.set_num_threads(args.threads)
+                steps[v] = Step(crops, bf16=True, threads=args.threads, compiled=v == "bf16-compile",
+                                im2col_wgrad=v == "bf16-im2col-wgrad")
+                if v == "bf16-compile":
+                    print(f"torch.compile under bf16: {steps[v].compile_s:.1f} s to compile (2 steps incl.)")
         except Exception as e:  # noqa: BLE001  (a candidate that fails is reported, not fatal)
             skipped[v] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     times = {k: [] for k in steps}
@@ -608,7 +694,7 @@ def main(argv=None):
           f"alternating rounds; today: channels-last fp32 eager, batch {BATCH}, {args.threads} thread(s))")
     print(f"  {'today':18s} {base:9.2f} ms")
     peak_bf16 = None
-    if "bf16" in steps:
+    if any(k.startswith("bf16") for k in steps):
         peak_bf16 = matmul_peak_gflops(args.mm_size, threads=args.threads, dtype=torch.bfloat16)
         result["matmul_peak_gflops_bf16"] = peak_bf16
         print(f"  (bf16 matmul peak ({args.mm_size}^2 torch.mm): {peak_bf16:.1f} GFLOP/s on {args.threads} thread(s))")
@@ -621,14 +707,22 @@ def main(argv=None):
             ratio_ms = ms  # one process does both processes' batches: compare with today's time per process
             note = (f"batch 2x{BATCH} on {2 * args.threads} threads vs 2 processes x {BATCH} side by side "
                     f"on {args.threads} thread(s) (approximated by today's step; their all-reduce not counted)")
-        if name == "compile":
+        if name in ("compile", "bf16-compile"):
             note = f"compile {steps[name].compile_s:.1f} s"
+        if name == "bf16-im2col-wgrad":
+            note = f"{steps[name].im2col_convs} convolutions with >= {IM2COL_MIN_CHANNELS} input channels"
+        if name.startswith("bf16-") and "bf16" in times:
+            bf = statistics.median(times["bf16"])
+            note = (note + "; " if note else "") + f"bf16 / variant: {bf / ms:.2f}x"
+            result.setdefault("variants_over_bf16", {})[name] = bf / ms
         print(_ratio_line(name, base, ratio_ms, note))
         result["variants"][name] = {"ms": ms, "today_ms": base, "ratio_today_over_variant": base / ms}
+        if steps[name].compile_s is not None:
+            result["variants"][name]["compile_s"] = steps[name].compile_s
         if name != "threads2":  # the same FLOPs as today's step: the fraction of the peak it reaches
             gflops = f_step / ms / 1e6
             frac = f"{gflops:.2f} GFLOP/s = {100 * gflops / peak:.1f}% of the fp32 peak"
-            if name == "bf16":
+            if name.startswith("bf16"):
                 frac += f", {100 * gflops / peak_bf16:.1f}% of the bf16 peak"
                 result["variants"][name]["fraction_of_bf16_peak"] = gflops / peak_bf16
             print(f"  {'':18s} {frac}")
@@ -642,6 +736,22 @@ def main(argv=None):
     for name, why in skipped.items():
         print(f"  {name:18s} skipped: {why}")
         result["variants"][name] = {"skipped": why}
+    if args.op_profile > 0:
+        profiled = {"today": today}
+        if native_bf16():
+            profiled["bf16"] = steps.get("bf16") or Step(crops, bf16=True, threads=args.threads)
+        result["op_profile_ms_per_step"] = {}
+        for name, step in profiled.items():
+            ops = op_profile(step, args.op_profile)
+            result["op_profile_ms_per_step"][name] = ops
+            print(f"\nop profile of the {name} step ({args.op_profile} steps, torch.profiler, self CPU ms per step; "
+                  f"all ops {ops['total']:.1f} ms):")
+            for op, ms in ops.items():
+                if op != "total":
+                    print(f"  {op:38s} {ms:8.2f}")
+            fwd, bwd = ops.get("aten::mkldnn_convolution"), ops.get("aten::convolution_backward")
+            if fwd and bwd:
+                print(f"  convolution backward / forward: {bwd / fwd:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -43,6 +43,21 @@ MODES = {
 }
 
 
+#: training processes of the demo's recipe: its ``batch`` is per process of these two.  On
+#: another number of processes (one per GPU, or ``--procs``) without ``--batch``, the batch per
+#: process is scaled so that the global batch, and with it the epochs that the iteration budget
+#: makes, stays the recipe's 2 x 64 (:func:`batch_per_process`)
+RECIPE_PROCS = 2
+
+
+def batch_per_process(batch, procs):
+    """The per-process batch that keeps the recipe's global batch ``RECIPE_PROCS x batch`` on
+    ``procs`` processes (rounded down where it does not divide; at least 1).
+
+    Example: ``batch_per_process(64, 1)`` is 128 (one GPU), ``batch_per_process(64, 8)`` is 16."""
+    return max(1, RECIPE_PROCS * batch // procs)
+
+
 def _on_off(value):
     """``on`` / ``off`` -> True / False: the command-line type of ``--precise-bn``."""
     if value not in ("on", "off"):
@@ -143,6 +158,9 @@ def build_parser():
     for key in MODES["full"]:
         if key == "epochs":
             default = "the number that gives about --iters iterations on the data"
+        elif key == "batch":
+            default = (f"per process; full {RECIPE_PROCS} x {MODES['full'][key]}, quick {RECIPE_PROCS} x "
+                       f"{MODES['quick'][key]} in all, split over the processes")
         elif MODES["full"][key] is None and MODES["quick"][key] is None:
             default = "both modes: the config's value"
         else:
@@ -203,7 +221,9 @@ def make_setup(args, mode):
     ckpt_dir.mkdir(parents=True)
     device = pick_device(args.device)
     if args.procs is None:
-        args.procs = 2 if device == "cpu" else cuda_device_count()
+        args.procs = RECIPE_PROCS if device == "cpu" else cuda_device_count()
+    if args.batch is None:  # the recipe's global batch on any number of processes
+        mode["batch"] = batch_per_process(mode["batch"], args.procs)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.procs)
     use_amp, amp_reason = pick_amp(args.amp, device)
     return DemoSetup(args=args, mode=mode, label="quick" if args.quick else "full", out=out, run_dir=run_dir,

@@ -189,6 +189,7 @@ def test_device_choice_cpu_defaults_and_gpu_overrides(tmp_path, monkeypatch):
     args, mode = cli.parse_args(["--quick", "--out", str(tmp_path)])
     setup = cli.make_setup(args, mode)
     assert setup.device == "gpu" and args.procs == 1 and setup.use_amp
+    assert mode["batch"] == 2 * cli.MODES["quick"]["batch"]  # one GPU trains the recipe's global batch
     with pytest.raises(DemoError, match="number of epochs"):
         training_overrides(mode, tmp_path, tmp_path, True, 1, 0, device="gpu")  # not chosen yet
     mode["epochs"] = cli.epochs_for(mode, 39)
@@ -285,3 +286,21 @@ def test_the_demo_says_which_autocast_it_picked_and_why(tmp_path, monkeypatch):
             setup = cli.make_setup(args, mode)
             assert setup.use_amp is (choice == "on")
             assert cli.amp_label(setup) == f"bf16 autocast {choice} (--amp {choice})"
+
+
+@pytest.mark.parametrize("procs, given, want", [(None, None, 64), (1, None, 128), (2, None, 64), (4, None, 32),
+                                                (3, None, 42), (200, None, 1), (1, 64, 64), (3, 10, 10)])
+def test_the_batch_per_process_keeps_the_recipes_global_batch(tmp_path, procs, given, want):
+    """Without --batch, the recipe's global batch (2 processes x 64) is split over the processes
+    (one per GPU, or --procs; rounded down, at least 1), so that the iteration budget makes the
+    recipe's epochs; an explicit --batch is per process and kept."""
+    from vissl_swav_plugin.demo import cli
+
+    argv = ["--quick", "--device", "cpu", "--out", str(tmp_path)]
+    argv += ["--procs", str(procs)] if procs else []
+    argv += ["--batch", str(given)] if given else []
+    args, mode = cli.parse_args(argv)
+    cli.make_setup(args, mode)
+    assert mode["batch"] == want
+    if given is None:
+        assert args.procs * want <= cli.RECIPE_PROCS * cli.MODES["quick"]["batch"] < args.procs * (want + 1) or want == 1

@@ -54,18 +54,35 @@ def test_worker_start_figures(record, section):
         assert f"{t['total']:.0f} s in all" in text and f"training {t['train_launcher']:.1f} s" in text
 
 
+def _cells(summary, knn, key):
+    return [knn[key]["knn20"], summary[f"linear_{key}"], summary[f"shot100_{key}"], summary[f"shot10_{key}"],
+            summary[f"shot1_{key}"]]
+
+
 def test_figure_table(record, section):
-    s, knn = record["demo_quick"]["fork_workers"]["summary"], record["demo_quick"]["fork_workers"]["knn"]
-    rows = {"SwAV": "swav", "random init": "random_init", "raw pixels": "raw_pixels"}
-    for label, key in rows.items():
-        cells = [knn[key]["knn20"], s[f"linear_{key}"], s[f"shot100_{key}"], s[f"shot10_{key}"], s[f"shot1_{key}"]]
+    first, second = record["demo_quick"]["fork_workers"], record["demo_quick_batch128"]
+    assert second["batch"] == "1x128" and second["epochs"] == 12
+    rows = {"SwAV, batch 64 (6 epochs)": _cells(first["summary"], first["knn"], "swav"),
+            "SwAV, batch 128 (12 epochs, the default now)": _cells(second["summary"], second["knn"], "swav"),
+            "random init": _cells(first["summary"], first["knn"], "random_init"),
+            "raw pixels": _cells(first["summary"], first["knn"], "raw_pixels")}
+    for key in ("random_init", "raw_pixels"):  # the baselines do not depend on the training's batch
+        assert _cells(first["summary"], first["knn"], key) == _cells(second["summary"], second["knn"], key)
+    for label, cells in rows.items():
         row = next(line for line in section.splitlines() if line.startswith(f"| {label} |"))
         assert [c.strip() for c in row.strip("|").split("|")[1:]] == [f"{v:.2f}" for v in cells], label
-    assert knn["swav"]["knn20"] == s["knn20_swav"] and knn["random_init"]["knn20"] == s["knn20_random_init"]
+    s = first["summary"]
+    assert first["knn"]["swav"]["knn20"] == s["knn20_swav"] and first["knn"]["random_init"]["knn20"] == s["knn20_random_init"]
+    flat = " ".join(section.split())
+    t = second["times_s"]
+    assert (f"({second['knn']['swav']['knn20']:.1f}% 20-NN; {t['total']:.0f} s in all, training "
+            f"{t['train_launcher']:.1f} s)") in flat
     cpu = next(g for g in json.loads(PROTOCOLS.read_text())["groups"]
                if g["mode"] == "quick" and g["set"] == "fashion_mnist")["figures"]["swav"]
-    flat = " ".join(section.split())
     assert f"20-NN {cpu['knn20'][0]:.2f} and linear {cpu['linear'][0]:.2f}" in flat
+    one = json.loads((REPO / "docs" / "experiments" / "demo_one_process_2026-11-26.json").read_text())
+    one = one["groups"][0]["figures"]["swav"]
+    assert f"one process of 128 on the CPU gave {one['knn20'][0]:.2f} and {one['linear'][0]:.2f}" in flat
 
 
 def test_fp32_head_figures(record, section):
