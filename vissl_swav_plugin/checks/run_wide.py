@@ -13,7 +13,8 @@ When the config is composed:
 
 * heads: unknown keys of the entries of ``MODEL.HEAD.PARAMS`` built by this plugin, and
   of VISSL's ``swav_head`` under one of our losses (the known keys are the head
-  constructor's parameters); the plugin's trunk block;
+  constructor's parameters), and our heads' switches (``use_bn``, ``fp32_head``, ...: the
+  parameters annotated ``bool``) that are not booleans; the plugin's trunk block;
 * ``multicrop_plugin`` transforms: unknown keys and every parameter, as the workers
   would check them ~15 s later;
 * ``DATA.TRAIN.BATCHSIZE_PER_REPLICA`` >= 1.
@@ -92,6 +93,28 @@ def constructor_keys(cls):
     return None
 
 
+def constructor_bool_keys(cls):
+    """The keyword parameters of ``cls``'s constructor (and of the constructors its
+    ``**kwargs`` reach, as :func:`constructor_keys`) annotated ``bool``: the head's switches,
+    which a quoted ``"false"`` would turn on.
+
+    Example: ``constructor_bool_keys(SwAVPluginHead)`` holds ``use_bn`` and ``fp32_head``."""
+    import torch.nn as nn
+
+    keys = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        if klass in (nn.Module, object):
+            break
+        params = list(inspect.signature(init).parameters.values())[2:]
+        keys |= {p.name for p in params if p.annotation in (bool, "bool")}
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return keys
+
+
 @register_config_check
 def check_head_keys(cfg) -> None:
     """Unknown keys of every ``MODEL.HEAD.PARAMS`` entry built by this plugin, and of
@@ -108,8 +131,13 @@ def check_head_keys(cfg) -> None:
         if cls is None or not (_is_ours(cls) or our_loss):
             continue
         known = constructor_keys(cls)
+        path = f"config.MODEL.HEAD.PARAMS[{i}] ({entry[0]})"
         if known is not None:
-            check_known_keys(entry[1], known, f"config.MODEL.HEAD.PARAMS[{i}] ({entry[0]})")
+            check_known_keys(entry[1], known, path)
+        if _is_ours(cls):  # the switches: the constructor would refuse them in every worker
+            for key in sorted(constructor_bool_keys(cls) & {str(k) for k in entry[1].keys()}):
+                if not isinstance(entry[1][key], bool):
+                    raise ConfigError(f"{path}.{key} must be True or False, got {entry[1][key]!r}")
 
 
 def trunk_output_dim(model_cfg) -> Optional[int]:

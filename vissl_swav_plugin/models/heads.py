@@ -67,8 +67,11 @@ class SwAVPluginHead(nn.Module):
     ):
         super().__init__()
         _check_dims(dims, num_clusters)
-        if not isinstance(fp32_head, bool):  # a quoted "false" would otherwise switch it on
-            raise ValueError(f"swav_plugin_head: 'fp32_head' must be True or False, got {fp32_head!r}")
+        switches = dict(use_bn=use_bn, use_bias=use_bias, return_embeddings=return_embeddings,
+                        normalize_feats=normalize_feats, output_bn=output_bn, fp32_head=fp32_head)
+        for name, value in switches.items():  # a quoted "false" would otherwise switch it on
+            if not isinstance(value, bool):
+                raise ValueError(f"swav_plugin_head: {name!r} must be True or False, got {value!r}")
         dims = [int(d) for d in dims]
         eps = getattr(getattr(model_config, "HEAD", None), "BATCHNORM_EPS", 1e-5) if model_config else 1e-5
         mom = getattr(getattr(model_config, "HEAD", None), "BATCHNORM_MOMENTUM", 0.1) if model_config else 0.1

@@ -1,4 +1,6 @@
 """Wrong config values raise an error naming the key, before anything is started."""
+import re
+
 import pytest
 
 from testkit import compose
@@ -92,6 +94,33 @@ def test_demo_trunk_channels_last_bad_value_fails_at_compose():
 
     with pytest.raises(ConfigError, match=r"config\.MODEL\.TRUNK\.RESNET_SMALL_PLUGIN\.CHANNELS_LAST must be true or false"):
         compose(["config=pretrain/swav/swav_fashion_mnist_cpu", "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.CHANNELS_LAST=yes"])
+
+
+@pytest.mark.parametrize("base, head", [
+    ([QUICK], "swav_plugin_head,{dims:[2048,64,16],num_clusters:[20]"),
+    ([DC], "deepclusterv2_plugin_head,{dims:[64,32,16],num_clusters:[8]")])
+@pytest.mark.parametrize("key", ["use_bn", "fp32_head", "output_bn", "normalize_feats"])
+@pytest.mark.parametrize("value", ["'false'", "'True'", "1", "0", "null"])
+def test_a_head_switch_that_is_not_a_bool_fails_at_compose(base, head, key, value):
+    """Our heads' on/off parameters are checked in the launching process: a quoted "false"
+    (truthy) or a number is an error naming the key, before any worker builds the head."""
+    from vissl_swav_plugin.config.validation import ConfigError
+
+    name = head.split(",")[0]
+    with pytest.raises(ConfigError, match=re.escape(f"config.MODEL.HEAD.PARAMS[0] ({name}).{key} must be True or "
+                                                    "False, got ")):
+        compose(base + [f"config.MODEL.HEAD.PARAMS=[[{head},{key}:{value}}}]]"])
+    compose(base + [f"config.MODEL.HEAD.PARAMS=[[{head},{key}:False}}]]"])  # a bool passes
+
+
+def test_the_documented_head_switch_message_is_the_real_one():
+    from testkit import REPO
+    from vissl_swav_plugin.config.validation import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        compose([QUICK, "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[2048,64,16],num_clusters:[20],"
+                        "fp32_head:'false'}]]"])
+    assert f"`ConfigError: {err.value}`" in (REPO / "docs" / "reliability.md").read_text()
 
 
 def test_constructor_keys_follow_kwargs_to_the_base_head():

@@ -93,7 +93,21 @@ def test_the_deepcluster_v2_head_takes_the_option_too():
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("value", ["false", "True", 1, 0, None])
-def test_a_value_that_is_not_a_bool_is_refused_naming_the_key(value):
-    with pytest.raises(ValueError, match=r"swav_plugin_head: 'fp32_head' must be True or False, got "):
-        SwAVPluginHead(None, dims=DIMS, num_clusters=K, fp32_head=value)
+SWITCHES = ("use_bn", "use_bias", "return_embeddings", "normalize_feats", "output_bn", "fp32_head")
+
+
+@pytest.mark.parametrize("key", SWITCHES)
+@pytest.mark.parametrize("value", ["false", "True", 1, 0, None, 1.0])
+def test_a_switch_that_is_not_a_bool_is_refused_naming_the_key(key, value):
+    """Every on/off parameter of the head (a quoted "false" is truthy and would switch it on)."""
+    with pytest.raises(ValueError, match=rf"swav_plugin_head: '{key}' must be True or False, got "):
+        SwAVPluginHead(None, dims=DIMS, num_clusters=K, **{key: value})
+
+
+def test_the_switches_are_the_constructors_bool_parameters():
+    """The launch-time check reads the switches from the constructor's annotations: the same set
+    as the constructor itself refuses, also for the DeepCluster-v2 head (through **kwargs)."""
+    from vissl_swav_plugin.checks.run_wide import constructor_bool_keys
+
+    assert constructor_bool_keys(SwAVPluginHead) == set(SWITCHES)
+    assert constructor_bool_keys(DeepClusterV2PluginHead) == set(SWITCHES)
