@@ -46,6 +46,9 @@ Patches (in the order they are applied), by module:
 :mod:`.signals`
     ``shim_launcher_signals`` -- Ctrl-C / SIGTERM of a launcher exits 130 / 143 after
     stopping every process of the run; no process outlives the launcher.
+:mod:`.slurm`
+    ``shim_slurm_cpu_no_gpus`` -- a SLURM job of a ``MACHINE.DEVICE: cpu`` run asks for no
+    GPUs (VISSL asks for ``NUM_PROC_PER_NODE`` per node whatever the device).
 :mod:`vissl_swav_plugin.config.validation`
     ``plugin_config_inference`` -- VISSL's ``infer_losses_config`` also runs the inference
     and validation of the plugin's losses.

@@ -60,6 +60,7 @@ PATCH_MODULES = [
     "vissl_swav_plugin.compat.checkpoint_checksums",
     "vissl_swav_plugin.compat.data_safety",
     "vissl_swav_plugin.compat.signals",
+    "vissl_swav_plugin.compat.slurm",
     "vissl_swav_plugin.config.validation",
     "vissl_swav_plugin.config.vissl_schema",
     "vissl_swav_plugin.hooks.registry",

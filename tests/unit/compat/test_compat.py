@@ -4,6 +4,7 @@ with ``compat.disabled(name)``, or end to end with ``VISSL_SWAV_PLUGIN_DISABLE=1
 
 Also: shims are active in VISSL's spawned/forkserver worker processes (2-process gloo runs)."""
 import math
+import os
 import re
 
 import numpy as np
@@ -410,3 +411,46 @@ def test_flush_denormal_for_cpu_runs(monkeypatch):
         torch.set_flush_denormal(False)
     # every VISSL engine builds a SelfSupervisionTrainer in each worker: that is where it runs
     assert "flush_denormals_for" in tm.SelfSupervisionTrainer.__init__.__code__.co_names
+
+
+# -- SLURM jobs of CPU runs ---------------------------------------------------------------
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_the_slurm_job_of_a_cpu_run_asks_for_no_gpus(tmp_path, monkeypatch, device):
+    """VISSL's launch_distributed_on_slurm, rendered by submitit's own SLURM executor into the
+    job script (nothing submitted: an `srun` stand-in on PATH, `submit` recorded): a CPU run's
+    script has no GPU request, a GPU run's keeps NUM_PROC_PER_NODE per node, and the rest of the
+    script is the same for both.  With the patch off the CPU run asks for GPUs (the breakage)."""
+    import types
+
+    import submitit
+    from vissl.utils import distributed_launcher as dl
+
+    from testkit import compose
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    scripts = []
+
+    def submit(self, fn, *args, **kwargs):
+        scripts.append(self._executor._make_submission_file_text("python train.py", "uid"))
+        return types.SimpleNamespace(job_id="1")
+
+    monkeypatch.setattr(submitit.AutoExecutor, "submit", submit)
+    cfg = compose(["config=test/swav_plugin/quick_cpu", f"config.MACHINE.DEVICE={device}",
+                   "config.DISTRIBUTED.NUM_NODES=2", "config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
+                   "config.SLURM.USE_SLURM=true", "config.SLURM.PARTITION=part", "config.SLURM.NUM_CPU_PER_PROC=3",
+                   f"config.SLURM.LOG_FOLDER={tmp_path / 'slurm'}", f"config.CHECKPOINT.DIR={tmp_path / 'ckpt'}"])
+    dl.launch_distributed_on_slurm(cfg=cfg, engine_name="train")
+    lines = set(scripts[-1].splitlines())
+    assert {"#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=6",
+            "#SBATCH --partition=part"} <= lines
+    gpu_lines = {line for line in lines if "gpu" in line.lower() or "gres" in line.lower()}
+    assert gpu_lines == ({"#SBATCH --gpus-per-node=2"} if device == "gpu" else set())
+    if device == "cpu":
+        with compat.disabled("shim_slurm_cpu_no_gpus"):
+            dl.launch_distributed_on_slurm(cfg=cfg, engine_name="train")
+        assert "#SBATCH --gpus-per-node=2" in scripts[-1].splitlines()
+        assert set(scripts[-1].splitlines()) - {"#SBATCH --gpus-per-node=2"} == lines
