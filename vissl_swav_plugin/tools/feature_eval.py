@@ -50,21 +50,25 @@ def build_vissl_model(overrides, seed):
 
 def load_checkpoint(model, ckpt_path):
     """Strict load of the trunk and heads saved by VISSL's checkpoint hook into ``model``.
+    The file is read with ``torch.load(weights_only=True)`` (tensors, numbers, strings,
+    containers: what VISSL's checkpoints hold) after its checksum, so a file that carries
+    other Python objects is refused rather than unpickled (which could run its code).
 
     Returns:
         The whole checkpoint dict.
 
     Raises:
-        FeatureEvalError: the file is missing or not a VISSL training checkpoint.
+        FeatureEvalError: the file is missing, damaged, holds objects ``weights_only``
+            refuses, or is not a VISSL training checkpoint.
     """
-    import torch
+    from vissl_swav_plugin.tools.weights import WeightsError, safe_load
 
     if not Path(ckpt_path).is_file():
         raise FeatureEvalError(f"checkpoint not found: {ckpt_path}")
-    from vissl_swav_plugin.compat import checkpoint_checksums as sums
-
-    sums.verify_before_load(ckpt_path, FeatureEvalError)  # its .sha256, else the CRC-32 of its zip records
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    try:
+        ckpt = safe_load(ckpt_path)  # its .sha256, else the CRC-32 of its zip records, then weights_only
+    except WeightsError as e:
+        raise FeatureEvalError(str(e)) from e
     try:
         state = ckpt["classy_state_dict"]["base_model"]["model"]
     except (KeyError, TypeError):

@@ -97,3 +97,31 @@ def test_settings_from_a_demo_report(tmp_path):
 
 def test_random_init_seeds_start_at_the_trainings_own_start():
     assert fe.random_init_seeds(1, 12, 3) == [12, 1012, 2012]
+
+
+class _Payload:
+    """Unpickling this runs code: it writes a marker file (what weights_only=False would do)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_checkpoint_with_python_objects_is_refused_not_unpickled(tmp_path):
+    """swav-plugin-eval reads checkpoints with weights_only=True: a file that carries a pickled
+    object is refused with an error naming it, and the object's code never runs."""
+    import torch
+
+    from vissl_swav_plugin.tools import feature_eval
+
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.torch"
+    torch.save({"classy_state_dict": {"base_model": {"model": {"trunk": {}, "heads": {}}}}, "x": _Payload(str(marker))},
+               path)
+    with pytest.raises(feature_eval.FeatureEvalError, match=rf"refusing to load {path}"):
+        feature_eval.load_checkpoint(None, str(path))
+    assert not marker.exists()
+    torch.load(path, weights_only=False)  # the payload is real: full unpickling runs it
+    assert marker.exists()
