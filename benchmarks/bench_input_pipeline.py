@@ -21,7 +21,7 @@ excluded in ``steady img/s`` (timed from batch ``2 x workers`` on, once the batc
 prefetched during start-up are consumed).  Median over ``--rounds``.
 
 usage: python benchmarks/bench_input_pipeline.py [--images 512] [--workers 2] [--batch 32]
-          [--rounds 3] [--image-size 256] [--recipe 2x224+6x96]
+          [--rounds 3] [--image-size 256] [--recipe 2x224+6x96] [--start-method fork]
 prints images/s of both and the ratio plugin / VISSL.
 """
 import argparse
@@ -112,7 +112,7 @@ def _build_loader(kind, args, folder, recipe):
         "config.DATA.TRAIN.DATA_LIMIT=-1",
         f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={args.batch}",
         f"config.DATA.NUM_DATALOADER_WORKERS={args.workers}",
-    ])
+    ] + ([f"config.MULTI_PROCESSING_METHOD={args.start_method}"] if getattr(args, "start_method", None) else []))
     # the transform list is set after composition (its dicts are not command-line friendly)
     OmegaConf.update(cfg, "config.DATA.TRAIN.TRANSFORMS", transforms(kind, recipe), merge=False)
     # the loss's crop count goes with the transform (the config's own value would be replaced)
@@ -154,6 +154,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--image-size", type=int, default=256)
     p.add_argument("--recipe", default="2x224+6x96", choices=sorted(RECIPES))
+    p.add_argument("--start-method", choices=["fork", "forkserver", "spawn"], default=None,
+                   help="how the loader workers are started (default: the config's, VISSL's forkserver)")
     args = p.parse_args(argv)
     recipe = RECIPES[args.recipe]
     import torch.distributed as dist

@@ -21,7 +21,7 @@ out of time is recorded as an error in the JSON and the others still run):
                     at 320 px): the loss is finite and falls, the non-finite guard never
                     fired, images/s.
 ``input_pipeline``  The plugin's input pipeline (JPEG decode, multi-crop, collate; VISSL's
-                    loader) with one worker per core, images/s, against the GPU step's
+                    loader, workers started by fork) with one worker per core, images/s, against the GPU step's
                     images/s (from ``train_step``): which of the two bounds a run.
 ``demo``            ``tools/demo.py --device gpu`` on the full Fashion-MNIST training set
                     (60,000 images; 10,000 test images) with the evaluation protocols: its
@@ -312,7 +312,10 @@ def section_input_pipeline(dry):
     # the steady rate is timed from batch 2 x workers on (the prefetched ones consumed): 8
     # batches more than that on the GPU machine (2 in the dry run)
     n = batch * (2 * workers + (2 if dry else 8))
-    args = argparse.Namespace(workers=workers, batch=batch)
+    # workers started by fork, as the demo on a GPU does: forkserver workers import torch and
+    # VISSL afresh at every epoch, about 70 s for 8 of them on the lent H100 machine
+    # (docs/gpu.md), which ran this section past its limit twice
+    args = argparse.Namespace(workers=workers, batch=batch, start_method="fork")
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         folder = _write_jpegs(os.path.join(tmp, "images"), n, size)
@@ -324,6 +327,7 @@ def section_input_pipeline(dry):
             rates.append(bp.epoch(loader, r, skip=2 * workers))
             print(f"input_pipeline: epoch {r} in {time.perf_counter() - t0:.0f} s: {rates[-1]}", flush=True)
     return dict(recipe=recipe_name, images=n, image_size=f"{size[0]}x{size[1]} JPEG", workers=workers,
+                start_method=args.start_method,
                 batch=batch, cpu_cores=os.cpu_count(), epoch_images_per_s=statistics.median(r[0] for r in rates),
                 steady_images_per_s=statistics.median(r[1] for r in rates))
 
