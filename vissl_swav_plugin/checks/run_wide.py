@@ -63,6 +63,29 @@ def _is_ours(cls) -> bool:
     return getattr(cls, "__module__", "").startswith("vissl_swav_plugin.")
 
 
+def _constructor_params(cls):
+    """``(params, closed)``: the keyword parameters (``inspect.Parameter``, after
+    ``model_config``) of ``cls``'s constructor and of the base constructors its ``**kwargs``
+    reach along the MRO; ``closed`` is False when the ``**kwargs`` end at ``nn.Module`` /
+    ``object`` (any key accepted)."""
+    import torch.nn as nn
+
+    found = []
+    seen = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or init in seen:
+            continue
+        if klass in (nn.Module, object):
+            return found, False  # **kwargs reach a constructor that is not a head's: not checkable
+        seen.add(init)
+        params = list(inspect.signature(init).parameters.values())[2:]  # self, model_config
+        found += [p for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return found, True
+    return found, False
+
+
 def constructor_keys(cls):
     """The keyword parameters of ``cls(model_config, ...)`` (VISSL passes a head's
     ``MODEL.HEAD.PARAMS`` entry as keywords after ``model_config``), or None when any key
@@ -75,22 +98,8 @@ def constructor_keys(cls):
         constructor_keys(SwAVPluginHead)  # {"dims", "num_clusters", "use_bn", ...}
         constructor_keys(DeepClusterV2PluginHead)  # the same set
     """
-    import torch.nn as nn
-
-    keys = set()
-    seen = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or init in seen:
-            continue
-        if klass in (nn.Module, object):
-            return None  # **kwargs reach a constructor that is not a head's: not checkable
-        seen.add(init)
-        params = list(inspect.signature(init).parameters.values())[2:]  # self, model_config
-        keys |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
-            return keys
-    return None
+    params, closed = _constructor_params(cls)
+    return {p.name for p in params} if closed else None
 
 
 def constructor_bool_keys(cls):
@@ -99,20 +108,7 @@ def constructor_bool_keys(cls):
     which a quoted ``"false"`` would turn on.
 
     Example: ``constructor_bool_keys(SwAVPluginHead)`` holds ``use_bn`` and ``fp32_head``."""
-    import torch.nn as nn
-
-    keys = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        if klass in (nn.Module, object):
-            break
-        params = list(inspect.signature(init).parameters.values())[2:]
-        keys |= {p.name for p in params if p.annotation in (bool, "bool")}
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
-            break
-    return keys
+    return {p.name for p in _constructor_params(cls)[0] if p.annotation in (bool, "bool")}
 
 
 @register_config_check

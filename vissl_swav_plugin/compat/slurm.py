@@ -16,13 +16,6 @@ import functools
 from vissl_swav_plugin.compat.engine import patch, raw, register, temporarily
 
 
-def _device(cfg):
-    machine = cfg.get("MACHINE") if hasattr(cfg, "get") else getattr(cfg, "MACHINE", None)
-    if machine is None:
-        return None
-    return machine.get("DEVICE") if hasattr(machine, "get") else getattr(machine, "DEVICE", None)
-
-
 @register
 def shim_slurm_cpu_no_gpus():
     """vissl/utils/distributed_launcher.py, launch_distributed_on_slurm(): the submitit
@@ -35,7 +28,7 @@ def shim_slurm_cpu_no_gpus():
     @functools.wraps(inner)
     def launch_distributed_on_slurm(*args, **kwargs):
         cfg = kwargs["cfg"] if "cfg" in kwargs else args[0]
-        if _device(cfg) != "cpu":
+        if cfg["MACHINE"]["DEVICE"] != "cpu":
             return inner(*args, **kwargs)
         import submitit
 
