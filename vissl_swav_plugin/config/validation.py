@@ -139,7 +139,7 @@ def check_inferred_values(before: Dict[str, object], cfg) -> None:
     if vissl_loss:
         placeholders = _vissl_default_loss_block(name)
     inferred = set(placeholders)
-    overrides = _take_overrides()
+    overrides = composed_overrides()
     conflicts = []
     for key in sorted(inferred):
         if key not in before or key not in after or before[key] == after[key]:
@@ -166,6 +166,8 @@ def check_inferred_values(before: Dict[str, object], cfg) -> None:
 
 
 _composed_overrides: List[Optional[List[str]]] = [None]
+#: the overrides of the config under inference now (taken from the above when it starts)
+_inferring_overrides: List[Optional[List[str]]] = [None]
 
 
 def remember_overrides(overrides) -> None:
@@ -175,6 +177,26 @@ def remember_overrides(overrides) -> None:
     line changed what it is inferred from (``MODEL.HEAD.PARAMS`` and not
     ``num_prototypes``) is no conflict."""
     _composed_overrides[0] = [str(o) for o in overrides]
+
+
+def composed_overrides() -> Optional[List[str]]:
+    """The command-line overrides of the config under inference now (recorded by
+    :func:`remember_overrides` when it was composed, taken when the inference starts), or
+    None when it was not composed through VISSL's ``compose_hydra_configuration`` (or no
+    inference is running)."""
+    return None if _inferring_overrides[0] is None else list(_inferring_overrides[0])
+
+
+def added_keys(overrides) -> List[str]:
+    """The dotted keys (without ``config.``) that overrides add on purpose: ``+config.X=v``
+    and ``++config.X=v`` (Hydra refuses a key that is not in the config without the ``+``)."""
+    out = []
+    for o in overrides or []:
+        if o.startswith("+") and "=" in o:
+            key = o.split("=", 1)[0].lstrip("+")
+            if key.startswith("config."):
+                out.append(key[len("config."):])
+    return out
 
 
 def _take_overrides() -> Optional[List[str]]:
@@ -370,7 +392,35 @@ def closest_key(key, known: Iterable[str]) -> Optional[str]:
     return by_lower[match[0]] if match else None
 
 
-def check_known_keys(block, known: Iterable[str], path: str, error=None) -> None:
+def edit_distance(a: str, b: str) -> int:
+    """The optimal-string-alignment distance of ``a`` and ``b``: the fewest characters
+    inserted, deleted, changed or swapped with their neighbour (a swap counts once)."""
+    prev2, prev = None, list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
+def typo_of(key, known: Iterable[str]) -> Optional[str]:
+    """The known key that ``key`` is a typo of, or None: at most one character away (two for
+    known keys of 8 characters or more; case ignored; ``nam`` -> ``name``,
+    ``CHECKPOINT_FREQUECY`` -> ``CHECKPOINT_FREQUENCY``), the nearest first.  Stricter than
+    :func:`closest_key`'s suggestion: a name that shares a word with a known key
+    (``my_optimizer_option`` / ``head_optimizer_params``) is no typo.  Of keys equally near,
+    the one :func:`closest_key` ranks first (``nams``: ``names`` before ``name``)."""
+    key = str(key).lower()
+    near = [(edit_distance(key, str(k).lower()), -difflib.SequenceMatcher(None, key, str(k).lower()).ratio(), str(k))
+            for k in known]
+    near = sorted(n for n in near if n[0] <= (2 if len(n[2]) >= 8 else 1))
+    return near[0][2] if near else None
+
+
+def check_known_keys(block, known: Iterable[str], path: str, error=None, suggest=None) -> None:
     """Reject the keys of ``block`` that are not in ``known`` (a typo would otherwise be
     ignored silently and its default used).
 
@@ -379,6 +429,7 @@ def check_known_keys(block, known: Iterable[str], path: str, error=None) -> None
         known: every key the section's consumer reads (its known-keys table).
         path: the section's full key path as printed, e.g. ``config.LOSS.swav_plugin_loss``.
         error: exception class to raise (default :class:`ConfigError`).
+        suggest: ``fn(key, known) -> known key or None`` tried before :func:`closest_key`.
 
     Raises:
         ``error``: naming every unknown key by full path, each with the closest known key,
@@ -393,7 +444,7 @@ def check_known_keys(block, known: Iterable[str], path: str, error=None) -> None
         return
     parts = []
     for key in unknown:
-        near = closest_key(key, known)
+        near = (suggest(key, known) if suggest else None) or closest_key(key, known)
         parts.append(f"{path}.{key}: unknown key '{key}'" + (f" (did you mean '{near}'?)" if near else ""))
     raise (error or ConfigError)(f"{'; '.join(parts)}; known keys: {known}")
 
@@ -468,6 +519,13 @@ def install() -> None:
         original = compat.raw(hc, "infer_losses_config")
 
         def infer_losses_config(cfg):
+            _inferring_overrides[0] = _take_overrides()
+            try:
+                return _checked_inference(cfg)
+            finally:
+                _inferring_overrides[0] = None
+
+        def _checked_inference(cfg):
             for pre in _PRE_CHECKS:
                 pre(cfg)
             before = _leaves(cfg.LOSS.get(cfg.LOSS.name) or {})

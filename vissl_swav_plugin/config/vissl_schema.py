@@ -1,21 +1,31 @@
 """Checks of VISSL's own config sections, when a config is composed (in the launcher
 process, before any worker starts).
 
-* **Unknown keys** (:func:`check_vissl_keys`): VISSL reads only the keys its
-  ``vissl/config/defaults.yaml`` defines, so a key that neither ``defaults.yaml`` nor one
-  of the plugin's configs defines (``+config.OPTIMIZER.nam=sgd``) is never read.  It is a
-  :class:`~vissl_swav_plugin.config.validation.ConfigError` naming the key with the closest
-  known one.  Every mapping of the config is checked against the schema, except the open
-  ones (:func:`is_open`): a mapping that is empty in ``defaults.yaml``
-  (``COLLATE_FUNCTION_PARAMS``, ``MODEL.TRUNK.REGNET``, ``SLURM.ADDITIONAL_PARAMETERS``,
-  ...), the block of a registered loss or meter that ``defaults.yaml`` lacks (a loss of this
-  plugin is checked by its own table), the entries of lists (``TRANSFORMS``,
-  ``HEAD.PARAMS``: checked by their consumers), and the parameter schedulers
-  (``OPTIMIZER.param_schedulers.<name>``), whose known keys are ``defaults.yaml``'s plus
-  every key a shipped config (VISSL's or ours) gives a scheduler, and
-  ``MODEL.AMP_PARAMS.AMP_ARGS`` (apex's keyword arguments).  The schema is
-  ``defaults.yaml`` merged with VISSL's shipped configs (keys VISSL reads that
-  ``defaults.yaml`` lacks) and the plugin's configs (:func:`known_schema`).
+* **Unknown keys** (:func:`check_vissl_keys`): a key is known when what reads it knows it.
+  VISSL reads the keys its ``vissl/config/defaults.yaml`` defines, so a key that neither
+  ``defaults.yaml``, one of VISSL's shipped configs nor one of the plugin's configs defines is
+  a :class:`~vissl_swav_plugin.config.validation.ConfigError` naming the key with the closest
+  known one (the schema: :func:`known_schema`).  Where the reader can be inspected exactly,
+  its keys are the known ones: the block ``LOSS.<name>`` of a ``torch.nn`` loss holds the
+  constructor's arguments (Classy Vision's ``build_loss`` passes them on;
+  :func:`torch_loss_keys`), so ``margn`` is refused naming ``margin``, from a file or with a
+  ``+``.  Sections whose keys are free (:func:`is_open`, :func:`open_paths`): a mapping that is
+  empty in ``defaults.yaml`` (``COLLATE_FUNCTION_PARAMS``, ``MODEL.TRUNK.REGNET``,
+  ``SLURM.ADDITIONAL_PARAMETERS``, ...), ``MODEL.AMP_PARAMS.AMP_ARGS`` (apex's keyword
+  arguments), the block of a registered loss or meter that ``defaults.yaml`` lacks (a user's
+  component reads what it likes; a loss of this plugin is checked by its own table), the
+  entries of lists (``TRANSFORMS``, ``HEAD.PARAMS``: checked by their consumers).  The keys of
+  a parameter scheduler (``OPTIMIZER.param_schedulers.<name>``) are ``defaults.yaml``'s plus
+  every key a shipped config (VISSL's or ours) gives a scheduler.
+* **Keys added on purpose**: a key added with ``+`` (or ``++``) on the command line, which a
+  user's own component may read, is accepted and logged once (``added key config....: read by
+  no built-in component; fine if yours reads it``) unless it is a typo of a known key of its
+  section (one character away, two for keys of 8 or more:
+  :func:`~vissl_swav_plugin.config.validation.typo_of`): ``+config.OPTIMIZER.nam=sgd`` is still
+  refused naming ``name``.  A key from a config file gets no such leeway.
+* **Switching it off** (:func:`key_check_settings`): ``config.KEY_CHECKS.OPEN_SECTIONS`` (a
+  list of dotted sections, ``all`` for every one), ``config.KEY_CHECKS.ENABLED: false``, or the
+  environment variable ``VISSL_SWAV_PLUGIN_OPEN_SECTIONS`` (comma-separated, ``all``).
 * **Ranges** (:func:`check_optimizer_values`): learning rates (every value of
   ``OPTIMIZER.param_schedulers``, the scheduler lists included) finite and >= 0,
   ``weight_decay`` >= 0, ``momentum`` in [0, 1), ``nesterov`` / ``use_larc`` true or
@@ -32,6 +42,7 @@ process, before any worker starts).
 """
 import difflib
 import functools
+import logging
 import math
 import os
 from pathlib import Path
@@ -40,13 +51,16 @@ from typing import Dict, Iterable, List, Optional
 from vissl_swav_plugin.config.search_path import plugin_configs_dir, vissl_configs_dir
 from vissl_swav_plugin.config.validation import (
     ConfigError,
+    added_keys,
     check_known_keys,
+    composed_overrides,
     register_config_check,
     load_yaml as _load_yaml,
     plugin_config_keys,
     register_plugin_config_keys,
     register_pre_inference_check,
     remember_overrides,
+    typo_of,
     vissl_defaults,
 )
 
@@ -57,6 +71,11 @@ LEAF = None
 SCHEDULER_PATH = ("OPTIMIZER", "param_schedulers")
 #: sections passed on as keyword arguments (apex's ``amp.initialize``): any key
 OPEN_PATHS = {("MODEL", "AMP_PARAMS", "AMP_ARGS")}
+#: the plugin's block that switches the unknown-key check off (:func:`key_check_settings`)
+KEY_CHECKS = "KEY_CHECKS"
+KEY_CHECKS_KEYS = ("ENABLED", "OPEN_SECTIONS")
+#: environment variable: comma-separated sections whose keys are not checked (``all``: none is)
+OPEN_SECTIONS_ENV = "VISSL_SWAV_PLUGIN_OPEN_SECTIONS"
 
 
 class UnknownConfigError(ConfigError):
@@ -166,9 +185,40 @@ def _registered(kind) -> Iterable[str]:
     return ()
 
 
+def torch_loss_keys(name) -> Optional[frozenset]:
+    """The keys the block ``LOSS.<name>`` of a ``torch.nn`` loss may have, or None when
+    ``name`` is no such loss (or a registered one, which Classy Vision builds first) or its
+    constructor takes ``**kwargs``.  Classy Vision's ``build_loss`` passes the block as the
+    constructor's keyword arguments (less ``name``, which VISSL's ``_build_loss`` adds), so
+    the constructor's parameters are exactly the keys it reads."""
+    import inspect
+
+    import torch.nn.modules.loss as torch_losses
+
+    if name in set(_registered("LOSS")):
+        return None
+    cls = getattr(torch_losses, str(name), None)
+    if not (isinstance(cls, type) and issubclass(cls, torch_losses._Loss)):
+        return None
+    params = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.name != "self" and p.kind is not p.VAR_POSITIONAL) | {"name"}
+
+
+def exact_reader_keys(path, key) -> Optional[frozenset]:
+    """The keys of ``<path>.<key>`` when its reader can be inspected exactly (a ``torch.nn``
+    loss block: :func:`torch_loss_keys`): any other key would fail in the workers, with or
+    without a ``+``.  None where no such reader is known."""
+    if len(path) == 1 and path[0] == "LOSS":
+        return torch_loss_keys(key)
+    return None
+
+
 def is_open(path, key) -> bool:
     """Whether ``<path>.<key>`` is a section whose keys are not checked here: the block of a
-    registered loss / meter that ``defaults.yaml`` lacks."""
+    registered loss / meter that ``defaults.yaml`` lacks (a user's component reads what it
+    likes; the plugin's losses check their own blocks)."""
     return len(path) == 1 and path[0] in ("LOSS", "METERS") and key in set(_registered(path[0]))
 
 
@@ -194,40 +244,127 @@ def open_paths() -> frozenset:
 #: :func:`~vissl_swav_plugin.config.validation.register_plugin_config_keys`
 register_plugin_config_keys("HOOKS.PROGRESS", "HOOKS.COLLAPSE_DETECTOR", "HOOKS.ONLINE_KNN", "HOOKS.PRECISE_BN",
                             "MODEL.TRUNK.RESNET_SMALL_PLUGIN", "DATA.TRAIN.NORMALIZE", "DATA.TEST.NORMALIZE",
-                            section=True)
+                            KEY_CHECKS, section=True)
 
 
-def _walk(block, schema, path):
-    if not hasattr(block, "items") or tuple(path) in open_paths():
-        return
-    plugin = plugin_config_keys()
-    here = ".".join(path)
-    if here and plugin.get(here):
-        return  # a plugin section: its own consumer checks its keys
-    prefix = f"{here}." if here else ""
-    added = {k[len(prefix):] for k in plugin if k.startswith(prefix) and "." not in k[len(prefix):]}
-    if tuple(path) == SCHEDULER_PATH:
-        for name, sched in block.items():
-            if hasattr(sched, "items"):
-                check_known_keys(sched, scheduler_keys(), f"config.{'.'.join(path)}.{name}")
-        return
-    if not isinstance(schema, dict) or not schema:
-        schema = {} if added else schema
-        if not added:
-            return  # a leaf in the schema (a value, any type), or an open section
-    known = set(schema) | added | {k for k in block if is_open(path, k)}
-    check_known_keys(block, known, "config." + ".".join(path) if path else "config")
-    for key, value in block.items():
-        if key in schema or key in added:
-            _walk(value, schema.get(key) if isinstance(schema, dict) else None, path + [str(key)])
+# -- switching the key checks off: config.KEY_CHECKS and the environment ----------------------
+def _section_path(name, where) -> tuple:
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where} must name sections as dotted strings (e.g. 'HOOKS.MY_HOOK'), got {name!r}")
+    name = name.strip()
+    if name == "config" or name.lower() == "all":
+        return ()
+    return tuple(name[len("config."):].split(".") if name.startswith("config.") else name.split("."))
+
+
+def key_check_settings(cfg):
+    """``(enabled, open sections)`` of the unknown-key check for this config: its
+    ``config.KEY_CHECKS`` block (``ENABLED``: true / false; ``OPEN_SECTIONS``: dotted
+    sections whose keys are free, ``config`` or ``all`` for every one) and the environment
+    variable :data:`OPEN_SECTIONS_ENV` (comma-separated sections, ``all`` for every one).
+    A bad block is a :class:`ConfigError` naming the key."""
+    block = cfg.get(KEY_CHECKS) if hasattr(cfg, "get") else None
+    block = {} if block is None else block
+    where = f"config.{KEY_CHECKS}"
+    if not hasattr(block, "items"):
+        raise ConfigError(f"{where} must be a mapping (ENABLED, OPEN_SECTIONS), got {block!r}")
+    check_known_keys(block, KEY_CHECKS_KEYS, where)
+    enabled = block.get("ENABLED", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{where}.ENABLED must be true or false, got {enabled!r}")
+    sections = block.get("OPEN_SECTIONS", [])
+    if not isinstance(sections, (list, tuple)):
+        raise ConfigError(f"{where}.OPEN_SECTIONS must be a list of dotted sections, got {sections!r}")
+    opened = {_section_path(s, f"{where}.OPEN_SECTIONS") for s in sections}
+    env = os.environ.get(OPEN_SECTIONS_ENV, "")
+    opened |= {_section_path(s, OPEN_SECTIONS_ENV) for s in env.split(",") if s.strip()}
+    return enabled and () not in opened, frozenset(opened)
+
+
+# -- the walk ------------------------------------------------------------------------------------
+_logged_added = set()
+
+
+def _log_added_once(full_key) -> None:
+    if full_key not in _logged_added:
+        _logged_added.add(full_key)
+        logging.getLogger(__name__).warning(
+            f"added key {full_key}: read by no built-in component; fine if yours reads it")
+
+
+class _KeyWalk:
+    """One check of a composed config: the keys added with ``+`` (from the overrides VISSL's
+    ``compose_hydra_configuration`` was given) and the sections the user opened."""
+
+    def __init__(self, cfg):
+        self.enabled, self.opened = key_check_settings(cfg)
+        self.added = [tuple(k.split(".")) for k in added_keys(composed_overrides())]
+
+    def is_added(self, path) -> bool:
+        n = len(path)
+        return any(a[:n] == tuple(path) for a in self.added)
+
+    def check(self, block, known, path) -> Iterable[str]:
+        """Check ``block``'s keys against ``known``; an unknown key added with ``+`` that is
+        close to no known key is accepted (logged once) and returned, to be left unwalked."""
+        where = "config." + ".".join(path) if path else "config"
+        known = set(known)
+        accepted = []
+        for key in block:
+            key = str(key)
+            if key not in known and self.is_added(tuple(path) + (key,)) and typo_of(key, known) is None:
+                accepted.append(key)
+        check_known_keys({k: None for k in block if str(k) not in accepted}, known, where, suggest=typo_of)
+        for key in accepted:
+            n = len(path) + 1
+            for a in self.added:
+                if a[:n] == tuple(path) + (key,):
+                    _log_added_once("config." + ".".join(a))
+        return accepted
+
+    def walk(self, block, schema, path):
+        if not hasattr(block, "items") or tuple(path) in open_paths() or tuple(path) in self.opened:
+            return
+        plugin = plugin_config_keys()
+        here = ".".join(path)
+        if here and plugin.get(here):
+            return  # a plugin section: its own consumer checks its keys
+        prefix = f"{here}." if here else ""
+        added = {k[len(prefix):] for k in plugin if k.startswith(prefix) and "." not in k[len(prefix):]}
+        if tuple(path) == SCHEDULER_PATH:
+            for name, sched in block.items():
+                if hasattr(sched, "items") and tuple(path) + (str(name),) not in self.opened:
+                    self.check(sched, scheduler_keys(), list(path) + [str(name)])
+            return
+        if not isinstance(schema, dict) or not schema:
+            schema = {} if added else schema
+            if not added:
+                return  # a leaf in the schema (a value, any type), or an open section
+        readers = {str(k): exact_reader_keys(path, k) for k in block}
+        known = (set(schema) | added | {k for k in block if is_open(path, k)}
+                 | {k for k, r in readers.items() if r is not None})
+        skipped = set(self.check(block, known, path))
+        for key, value in block.items():
+            key = str(key)
+            sub = list(path) + [key]
+            if key in skipped or tuple(sub) in self.opened:
+                continue
+            if readers.get(key) is not None:
+                if hasattr(value, "items"):
+                    self.check(value, readers[key], sub)
+            elif key in schema or key in added:
+                self.walk(value, schema.get(key) if isinstance(schema, dict) else None, sub)
 
 
 @register_pre_inference_check
 def check_vissl_keys(cfg) -> None:
-    """Every key of the composed config is one VISSL's ``defaults.yaml`` or the plugin's
-    configs define (open sections: see the module's doc); else :class:`ConfigError` naming
-    the key and the closest known one."""
-    _walk(cfg, known_schema(), [])
+    """Every key of the composed config is one its reader knows: VISSL's ``defaults.yaml``
+    and shipped configs, the plugin's configs, a ``torch.nn`` loss's constructor (open
+    sections, keys added with ``+`` and the switches: see the module's doc); else
+    :class:`ConfigError` naming the key and the closest known one."""
+    walk = _KeyWalk(cfg)
+    if walk.enabled:
+        walk.walk(cfg, known_schema(), [])
 
 
 # -- ranges of VISSL's optimizer values ------------------------------------------------------

@@ -348,6 +348,7 @@ def test_a_misspelt_config_name_lists_the_closest_names(typo, expected):
 # -- before any worker -------------------------------------------------------------------------------
 BAD = [
     ["+config.OPTIMIZER.nam=sgd"],
+    ["config.LOSS.name=CosineEmbeddingLoss", "+config.LOSS.CosineEmbeddingLoss.margn=1"],
     [f"{L}.num_prototypes=[30]"],
     [f"{O}.param_schedulers.lr.values=[-0.1,0.01]"],
     ["config.MODEL.AMP_PARAMS.USE_AMP=true", "config.MODEL.AMP_PARAMS.AMP_DTYPE=float8"],
@@ -482,16 +483,23 @@ def test_an_unregistered_dataset_fails_in_the_launcher_before_any_worker(monkeyp
     assert started == []
 
 
-def test_keys_a_plugin_registers_are_accepted(monkeypatch):
-    """A key another plugin adds is an unknown key until it is registered; a registered
-    section's own keys are left to its consumer."""
+def test_keys_a_plugin_registers_are_accepted(monkeypatch, tmp_path):
+    """A key another plugin adds in a config file is an unknown key until it is registered (with
+    ``+`` on the command line it is accepted, test_vissl_stays_open.py); a registered section's
+    own keys are left to its consumer."""
     from vissl_swav_plugin.config import validation
     from vissl_swav_plugin.config.validation import ConfigError, register_plugin_config_keys
 
     monkeypatch.setattr(validation, "_PLUGIN_KEYS", dict(validation._PLUGIN_KEYS))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs" / "config").mkdir(parents=True)
+    (tmp_path / "configs" / "config" / "mine.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /config/test/swav_plugin/quick_cpu\n"
+        "config:\n  MODEL:\n    MY_BLOCK:\n      a: 1\n")
     with pytest.raises(ConfigError, match=r"config\.MODEL\.MY_BLOCK: unknown key 'MY_BLOCK'"):
-        compose([QUICK, "+config.MODEL.MY_BLOCK={a:1}"])
+        compose(["config=mine"])
     register_plugin_config_keys("MODEL.MY_BLOCK", section=True)
+    assert compose(["config=mine"]).MODEL.MY_BLOCK.a == 1
     register_plugin_config_keys("OTHER_PLUGIN.SETTING")
     cfg = compose([QUICK, "+config.MODEL.MY_BLOCK={a:1,anything:2}", "+config.OTHER_PLUGIN.SETTING=3"])
     assert cfg.MODEL.MY_BLOCK.anything == 2 and cfg.OTHER_PLUGIN.SETTING == 3

@@ -1,0 +1,159 @@
+"""The override sets of VISSL v0.1.6's own config tests (``tests/test_configs.py`` and
+``tests/test_losses_config.py`` of facebookresearch/vissl, tag v0.1.6), copied as data (the
+overrides, not the files), and a runner that composes each one and records the outcome.
+
+Run as a script (``python vissl_own_config_cases.py OUT.json``) it composes every case in this
+process and writes ``{case id: {"outcome": "ok" | exception class, "values": {...}}}``; the
+regression guard (``tests/integration/config/test_vissl_own_config_tests.py``) runs it with the
+plugin active and with ``VISSL_SWAV_PLUGIN_DISABLE=1`` and compares.  ``values`` holds what
+VISSL's test asserts for that case (a trunk depth, a learning rate, an added key, the loss built).
+Cases named ``converted:<config>`` are the guard's own: VISSL's tests only compose those configs,
+and they are converted too so that the plugin's checks see every config VISSL ships.
+
+The parameterised tests of those files run over VISSL's shipped configs; their lists are made
+here the way VISSL's ``tests/utils.py`` makes them, from the installed ``configs`` package.
+"""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+QUICK_SIMCLR = "config=test/integration_test/quick_simclr"
+SYNTHETIC = ["config.DATA.TRAIN.DATA_SOURCES=[synthetic]", "config.DATA.TEST.DATA_SOURCES=[synthetic]"]
+
+#: ``{case id: (overrides, what VISSL's test checks)}``, test_configs.py and test_losses_config.py
+EXPLICIT = {
+    "TestConfigsFail.test_cfg_fail_on_empty": ([], "compose"),
+    "TestConfigsPass.test_load_cfg_success": ([QUICK_SIMCLR], "compose"),
+    "TestConfigsComposition.test_cfg_composition": (
+        [QUICK_SIMCLR, "+config/pretrain/simclr/models=resnext101"], "depth"),
+    "TestConfigsFailComposition.test_cfg_fail_composition": (
+        [QUICK_SIMCLR, "config/pretrain/simclr/models=resnext101"], "compose"),
+    "TestConfigsCliComposition.test_cfg_cli_composition": (
+        [QUICK_SIMCLR, "+config/pretrain/simclr/models=resnext101", "config.MODEL.TRUNK.RESNETS.GROUPS=32",
+         "config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP=16"], "groups"),
+    "TestScalingTypeConfig.test_sqrt_lr_scaling": (
+        [QUICK_SIMCLR, "+config/pretrain/simclr/models=resnext101",
+         "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.auto_scale=True",
+         'config.OPTIMIZER.param_schedulers.lr.name="linear"',
+         'config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.scaling_type="sqrt"'], "end_value"),
+    "TestScalingTypeConfig.test_linear_lr_scaling": (
+        [QUICK_SIMCLR, "+config/pretrain/simclr/models=resnext101",
+         "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.auto_scale=True",
+         'config.OPTIMIZER.param_schedulers.lr.name="linear"',
+         'config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.scaling_type="linear"'], "end_value"),
+    "TestConfigsKeyAddition.test_cfg_key_addition": (
+        [QUICK_SIMCLR, "+config.LOSS.simclr_info_nce_loss.buffer_params.MY_TEST_KEY=dummy"], "my_test_key"),
+    "TestRootConfigsLossesBuild.test_pytorch_loss": (
+        [QUICK_SIMCLR, "config.LOSS.name=CosineEmbeddingLoss", "+config.LOSS.CosineEmbeddingLoss.margin=1.0",
+         *SYNTHETIC], "build_loss"),
+}
+
+
+def _vissl_config_root() -> Path:
+    return Path(list(importlib.util.find_spec("configs").submodule_search_locations)[0])
+
+
+def _config_names(sub, exclude):
+    """``config=<name>`` of every YAML under ``configs/<sub>`` whose path holds none of ``exclude``
+    (VISSL's ``list_config_files`` + ``create_valid_input``)."""
+    root = _vissl_config_root()
+    out = []
+    for f in sorted((root / sub).rglob("*.yaml")):
+        rel = f.relative_to(root).as_posix()
+        if any(x in rel for x in exclude):
+            continue
+        out.append("config=" + rel[len("config/"):])
+    return out
+
+
+def parameterized_cases():
+    """The cases of the parameterised tests, over the installed VISSL's configs."""
+    cases = {}
+    for name in _config_names("config/benchmark", ["object_detection"]):
+        cases[f"TestBenchmarkConfigs:{name}"] = ([name], "compose")
+    for name in _config_names("config/pretrain", []):
+        cases[f"TestPretrainConfigs:{name}"] = ([name], "compose")
+    for name in _config_names("config/test/integration_test", []):
+        cases[f"TestIntegrationTestConfigs:{name}"] = ([name], "compose")
+    root = _config_names("config", ["models", "optimization", "object_detection", "nearest_neighbor",
+                                    "feature_extraction", "fb", "test/transforms"])
+    for name in root:
+        cases[f"TestRootConfigsLossesBuild.test_loss_build:{name}"] = ([name, *SYNTHETIC], "convert")
+    # not VISSL's: the configs its tests only compose are converted too, so that the plugin's
+    # checks (which run in the conversion) see every one of them
+    for name in sorted({ov[0] for ov, check in cases.values() if check == "compose"} - set(root)):
+        cases[f"converted:{name}"] = ([name], "convert")
+    return cases
+
+
+def all_cases():
+    return {**EXPLICIT, **parameterized_cases()}
+
+
+def _values(config, check):
+    if check == "depth":
+        return {"DEPTH": config.MODEL.TRUNK.RESNETS.DEPTH}
+    if check == "groups":
+        return {"GROUPS": config.MODEL.TRUNK.RESNETS.GROUPS,
+                "WIDTH_PER_GROUP": config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP}
+    if check == "end_value":
+        return {"end_value": config.OPTIMIZER.param_schedulers.lr.end_value}
+    if check == "my_test_key":
+        return {"MY_TEST_KEY in buffer_params": "MY_TEST_KEY" in config.LOSS.simclr_info_nce_loss.buffer_params}
+    if check == "build_loss":
+        from classy_vision.generic.distributed_util import set_cpu_device
+        from vissl.trainer.train_task import SelfSupervisionTask
+
+        set_cpu_device()
+        task = SelfSupervisionTask.from_config(config)
+        task.datasets, _ = task.build_datasets()
+        return {"loss": type(task._build_loss()).__name__}
+    return {}
+
+
+def run_case(overrides, check):
+    """``{"outcome", "values"}`` of one case: as VISSL's test composes it (``compose``: Hydra
+    only, as ``SSLHydraConfig.from_configs``), then ``convert_to_attrdict`` (VISSL's inference,
+    where the plugin's checks run) for the other checks."""
+    from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
+
+    try:
+        cfg = compose_hydra_configuration(list(overrides))
+        if check == "compose":
+            return {"outcome": "ok", "values": {}}
+        _, config = convert_to_attrdict(cfg, dump_config=False)
+        return {"outcome": "ok", "values": _values(config, check)}
+    except Exception as e:  # noqa: BLE001 - the outcome is what is compared
+        return {"outcome": type(e).__name__, "values": {}, "error": str(e)[:400]}
+
+
+def run_all(cases):
+    """Every case's outcome.  A config that a loss-build case converts (with the synthetic
+    data sources) is not composed again for its compose-only case when the conversion passed:
+    composing is the conversion's first step, and the two overrides only set existing keys."""
+    out, converted = {}, {}
+    for case, (ov, check) in cases.items():
+        if check == "convert":
+            out[case] = converted[ov[0]] = run_case(ov, check)
+    for case, (ov, check) in cases.items():
+        if case in out:
+            continue
+        if check == "compose" and len(ov) == 1 and converted.get(ov[0], {}).get("outcome") == "ok":
+            out[case] = {"outcome": "ok", "values": {}}
+        else:
+            out[case] = run_case(ov, check)
+    return out
+
+
+def main(argv):
+    import logging
+
+    import vissl  # noqa: F401  (the plugin registers here unless VISSL_SWAV_PLUGIN_DISABLE=1)
+
+    logging.disable(logging.WARNING)
+    Path(argv[0]).write_text(json.dumps(run_all(all_cases()), indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
