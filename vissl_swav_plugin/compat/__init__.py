@@ -43,6 +43,10 @@ Patches (in the order they are applied), by module:
     ``shim_bad_image_errors`` -- unreadable images / missing dataset folders name the file;
     every image mode (16-bit, float, CMYK, ...) reaches RGB with its real value range
     (:mod:`.image_modes`).
+:mod:`.persistent_workers`
+    ``shim_persistent_workers`` -- loader workers live from epoch to epoch (VISSL starts fresh
+    ones every epoch; new key ``DATA.PERSISTENT_WORKERS``), the transforms' per-epoch state
+    carried to them with the batches' indices.
 :mod:`.signals`
     ``shim_launcher_signals`` -- Ctrl-C / SIGTERM of a launcher exits 130 / 143 after
     stopping every process of the run; no process outlives the launcher.

@@ -26,6 +26,7 @@ import types
 from typing import Optional
 
 from vissl_swav_plugin.compat.engine import patch, raw, register
+from vissl_swav_plugin.compat.persistent_workers import PERSISTENT_WORKERS_KEY
 
 
 AMP_DTYPE_KEY = "config.MODEL.AMP_PARAMS.AMP_DTYPE"
@@ -34,8 +35,9 @@ _AMP_DTYPE_NAMES = {
     "bfloat16": "bfloat16", "bf16": "bfloat16",
 }
 # Keys the plugin adds to VISSL's config schema: `key=value` overrides of these are
-# rewritten to `++key=value` so they need no leading '+' on the command line.
-PLUGIN_CONFIG_KEYS = [AMP_DTYPE_KEY]
+# rewritten to `++key=value` so they need no leading '+' on the command line (the other
+# modules' keys are listed here too: config.vissl_schema reads this list).
+PLUGIN_CONFIG_KEYS = [AMP_DTYPE_KEY, PERSISTENT_WORKERS_KEY]
 
 
 def amp_dtype_from_config(amp_params):

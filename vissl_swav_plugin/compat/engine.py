@@ -59,6 +59,7 @@ PATCH_MODULES = [
     "vissl_swav_plugin.compat.checkpoint_load",
     "vissl_swav_plugin.compat.checkpoint_checksums",
     "vissl_swav_plugin.compat.data_safety",
+    "vissl_swav_plugin.compat.persistent_workers",
     "vissl_swav_plugin.compat.signals",
     "vissl_swav_plugin.compat.slurm",
     "vissl_swav_plugin.config.validation",

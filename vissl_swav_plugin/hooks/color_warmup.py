@@ -14,8 +14,9 @@ iterations 33, at a cost of 1.7 points of 20-NN on Fashion-MNIST.
 How: the transform keys ``color_warmup_iters: N`` and ``color_warmup_strength: s`` (scalar or
 one per crop group) make the training epochs that start within the first ``N`` iterations use
 ``s`` instead of ``color_strength`` (``color_warmup_schedule: step``, the default), or a strength
-ramping from ``s`` at the epoch's first iteration (``linear``) -- whole epochs, because the loader's worker processes copy
-the transform when an epoch's data iterator is built: with 78 iterations per epoch, N = 200
+ramping from ``s`` at the epoch's first iteration (``linear``) -- whole epochs, because the loader's worker processes get
+the transform's state when an epoch's data iterator is built (persistent workers through the
+batches' indices, ``vissl_swav_plugin/compat/persistent_workers.py``): with 78 iterations per epoch, N = 200
 gives 3 epochs (234 iterations); with 10, 20 epochs (200).  :class:`ColorWarmupHook` (installed
 whenever a ``multicrop_plugin`` of ``DATA.TRAIN`` sets ``color_warmup_iters > 0``) calls
 ``set_epoch`` on those transforms at the start of training and at the end of every training

@@ -259,7 +259,8 @@ class MultiCropPlugin(ClassyTransform):
         ``color_warmup_strength`` (``color_warmup_schedule: step``) or the ramp from it to
         ``color_strength`` at the epoch's first iteration (``linear``); then
         ``color_strength``.  Called by :class:`vissl_swav_plugin.hooks.color_warmup.ColorWarmupHook`
-        before each epoch's data iterator (and its worker processes) is created; a transform
+        before each epoch's data iterator is built (the state its workers get for that epoch,
+        :meth:`epoch_state`); a transform
         used without it keeps the warm-up strength.  Returns the strength per group."""
         if not self.in_color_warmup(epoch, iters_per_epoch):
             self._set_strength(self.color_strength)
@@ -269,6 +270,16 @@ class MultiCropPlugin(ClassyTransform):
         else:
             self._set_strength(self.color_warmup_strength)
         return self.current_color_strength
+
+    def epoch_state(self) -> List[float]:
+        """What :meth:`set_epoch` changed: the colour-distortion strength per crop group.  The
+        loader carries it to persistent worker processes
+        (:mod:`vissl_swav_plugin.compat.persistent_workers`)."""
+        return list(self.current_color_strength)
+
+    def load_epoch_state(self, state: Sequence[float]) -> None:
+        """Use the strength per crop group of :meth:`epoch_state` (in a loader worker)."""
+        self._set_strength([float(s) for s in state])
 
     # -- sampling -------------------------------------------------------------------
     def _crop_boxes(self, width: int, height: int, u: np.ndarray) -> np.ndarray:
