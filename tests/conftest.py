@@ -24,6 +24,13 @@ from testkit import REPO  # noqa: E402
 
 KINDS = ("unit", "integration")
 
+# the demo's measured --amp auto keeps its answer in a per-user cache: the suite (and every demo
+# or launcher it starts, which inherit the variable) uses a folder of its own, never the user's
+if "VISSL_SWAV_PLUGIN_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["VISSL_SWAV_PLUGIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="vissl_swav_plugin_test_cache_")
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "unit: runs in the test process only (tests/unit; make test-fast)")

@@ -103,6 +103,7 @@ def main(argv=None):
     print(f"SwAV demo ({setup.label}): report in {setup.out}", flush=True)
     try:
         data, t_data = data_step(setup)
+        amp_step(setup)  # --amp auto on a CPU: after the data (whose errors come first), before the training
         train = training_step(setup, data)
         evaluation = evaluation_step(setup, data, train)
         times, png = report_step(setup, clock, data, train, evaluation, t_data)
@@ -152,9 +153,13 @@ def build_parser():
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads per training process (default: cores / procs)")
     ap.add_argument("--amp", choices=["auto", "on", "off"], default="auto",
-                    help="autocast: auto = fp16 AMP on a GPU, bf16 autocast on a CPU with AMX bf16 units "
-                         "(amx_bf16; faster there), fp32 on other CPUs (default); on / off: "
+                    help="autocast: auto = fp16 AMP on a GPU; on a CPU, bf16 autocast (head fp32) when "
+                         "the training step timed at start-up runs at least 1.10x as fast in it as in "
+                         "fp32, else fp32 (a few seconds, cached per machine; default); on / off: "
                          "autocast (bf16 on CPU) or fp32 everywhere")
+    ap.add_argument("--amp-remeasure", action="store_true",
+                    help="with --amp auto on a CPU: time the step again even where this machine's "
+                         "timing is cached (also VISSL_SWAV_PLUGIN_AMP_REMEASURE=1)")
     for key in MODES["full"]:
         if key == "epochs":
             default = "the number that gives about --iters iterations on the data"
@@ -211,7 +216,8 @@ def parse_args(argv=None):
 
 def make_setup(args, mode):
     """The run's :class:`DemoSetup`: creates the report folder, empties ``OUT/run``, picks
-    the threads per training process and autocast (:func:`pick_amp`)."""
+    the threads per training process and autocast (:func:`pick_amp`; ``--amp auto`` on a CPU
+    leaves ``use_amp`` None for :func:`amp_step`)."""
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
@@ -225,41 +231,81 @@ def make_setup(args, mode):
     if args.batch is None:  # the recipe's global batch on any number of processes
         mode["batch"] = batch_per_process(mode["batch"], args.procs)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.procs)
-    use_amp, amp_reason = pick_amp(args.amp, device)
+    use_amp, amp_reason = pick_amp(args.amp, device)  # auto on a CPU: None until amp_step measures
     return DemoSetup(args=args, mode=mode, label="quick" if args.quick else "full", out=out, run_dir=run_dir,
                      ckpt_dir=ckpt_dir, threads=threads, use_amp=use_amp, device=device, amp_reason=amp_reason)
 
 
-def pick_amp(choice, device, cpuinfo_text=None):
+def pick_amp(choice, device, measurement=None, bf16_label="bf16 autocast, head fp32"):
     """``(use_amp, reason)`` for ``--amp choice`` on ``device``.
 
-    ``auto``: fp16 AMP on a GPU.  On CPU, bf16 autocast where the CPU has AMX bf16 tile units
-    (``amx_bf16``): there it trains faster than fp32 (1.2x the demo's iterations per second,
-    1.6x on the bare step, docs/demo.md), and with the demo config's head in fp32
-    (``fp32_head``) its features stayed within fp32's spread over 3 seeds of the full demo;
-    fp32 elsewhere, where bf16 autocast is slower (AVX512-BF16 alone) or emulated.  ``on`` /
-    ``off`` as given.  ``cpuinfo_text``: ``/proc/cpuinfo``'s text (read from the machine when
-    ``None``).
+    ``on`` / ``off`` as given.  ``auto``: fp16 AMP on a GPU.  On a CPU, whichever of fp32 and
+    bf16 autocast ran the training step faster on this machine: ``measurement`` (an
+    :class:`vissl_swav_plugin.utils.amp_measure.AmpMeasurement`, :func:`amp_step`) picks bf16
+    when its step was at least 1.10x as fast as fp32's (the head stays fp32 with the demo
+    config's ``fp32_head``; its features stayed within fp32's spread over 3 seeds of the full
+    demo, docs/demo.md); without one, ``use_amp`` is None: still to be measured.  ``bf16_label``
+    names the bf16 choice in the reason.
 
-    Example: ``pick_amp("auto", "cpu", "flags : avx512f")`` is
-    ``(False, "auto: fp32 on CPU; this CPU has no AMX bf16 units, where bf16 autocast would be slower")``.
+    Example: ``pick_amp("auto", "cpu")`` is ``(None, "auto: to be measured on this CPU ...")``;
+    ``pick_amp("off", "cpu")`` is ``(False, "--amp off")``.
     """
     if choice in ("on", "off"):
         return choice == "on", f"--amp {choice}"
     if device == "gpu":
         return True, "auto: fp16 AMP on a GPU"
-    from vissl_swav_plugin.utils.cpu_features import bf16_matrix_units
+    if measurement is None:
+        return None, "auto: to be measured on this CPU (the training step in fp32 and in bf16 autocast)"
+    return measurement.use_bf16, f"auto: {measurement.describe(bf16_label)}"
 
-    if bf16_matrix_units(cpuinfo_text):
-        return True, ("auto: this CPU has AMX bf16 units (amx_bf16), where bf16 autocast trains faster than "
-                      "fp32; the head stays fp32 (docs/demo.md); --amp off for fp32")
-    return False, "auto: fp32 on CPU; this CPU has no AMX bf16 units, where bf16 autocast would be slower"
+
+def amp_step(setup, timer=None, cache=None):
+    """``--amp auto`` on a CPU: time the training step in fp32 and in bf16 autocast (or reuse
+    this machine's cached timing, :func:`vissl_swav_plugin.utils.amp_measure.measure_or_reuse`),
+    set ``setup.use_amp``, ``amp_reason`` and ``amp_measurement`` and print what was measured.
+    Nothing to do when ``use_amp`` is already chosen (``--amp on|off``, a GPU).  ``timer`` and
+    ``cache`` (the cache file) replace the real ones (tests); a step that cannot be timed
+    keeps fp32 and says why."""
+    if setup.use_amp is not None:
+        return setup
+    from vissl_swav_plugin.utils.amp_measure import machine_key, measure_or_reuse
+
+    from .training import fp32_head, step_config, step_shape, step_timer
+
+    args = setup.args
+    config = step_config(setup.mode, args.procs, args.seed, args.override)  # a DemoError here is the user's
+    timer = timer or step_timer(config, setup.threads)
+
+    def announced_timer():  # called only when nothing usable is cached
+        print("  amp auto: timing the training step in fp32 and in bf16 autocast on this CPU (a few seconds, "
+              "then cached for this machine)", flush=True)
+        return timer()
+
+    try:
+        key = machine_key(step_shape(config, setup.threads))
+        m = measure_or_reuse(key, announced_timer, path=cache, remeasure=bool(getattr(args, "amp_remeasure", False)))
+    except Exception as e:  # noqa: BLE001  (the choice of precision must not stop the demo)
+        setup.use_amp = False
+        setup.amp_reason = f"auto: kept fp32; the step could not be timed ({type(e).__name__}: {e})"
+        print(f"  amp {setup.amp_reason}", flush=True)
+        return setup
+    label = "bf16 autocast, head fp32" if fp32_head(config) else "bf16 autocast"
+    setup.use_amp, setup.amp_reason = pick_amp("auto", setup.device, m, label)
+    setup.amp_measurement = m.record()
+    hint = "; --amp-remeasure to time it again" if m.cached else ""
+    print(f"  amp {setup.amp_reason}{hint}", flush=True)
+    return setup
 
 
 def amp_label(setup):
-    """How the training's autocast is described in the demo's output, with why it was chosen."""
+    """How the training's autocast is described in the demo's output, with why it was chosen
+    (after a measurement, its ratio: the whole line was printed by :func:`amp_step`)."""
     if setup.device == "gpu":
         return f"fp16 AMP {'on' if setup.use_amp else 'off'} on the GPU ({setup.amp_reason})"
+    m = setup.amp_measurement
+    if m:
+        return (f"bf16 autocast {'on' if setup.use_amp else 'off'} (auto: bf16 step {m['speedup']:.2f}x "
+                f"fp32's, {'>=' if m['use_bf16'] else '<'} {m['min_speedup']:.2f}x)")
     return f"bf16 autocast {'on' if setup.use_amp else 'off'} ({setup.amp_reason})"
 
 
@@ -292,6 +338,7 @@ def data_step(setup):
 def training_step(setup, data):
     """[2/4] SwAV pre-training through VISSL's launcher (:mod:`.training`); returns the
     :class:`TrainingRun` (overrides, loss curve, wall time, final checkpoint)."""
+    amp_step(setup)  # --amp auto on a CPU, when main's call has not settled it yet
     args, mode = setup.args, setup.mode
     n_train = len(data["train_y"])
     per_rank = (n_train // args.procs) // mode["batch"]

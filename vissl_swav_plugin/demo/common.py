@@ -10,6 +10,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 _ROOT = Path(__file__).resolve().parents[2]
 # Default home of demo_output/ and data/: the checkout (editable install, `make demo`), else
@@ -38,9 +39,13 @@ class DemoSetup:
         out: the report folder; ``run_dir`` (``out/run``, emptied at start) holds the
             training log and ``ckpt_dir`` (``run_dir/checkpoints``) VISSL's checkpoints.
         threads: torch threads per training process.
-        use_amp: autocast in the training (bf16 on CPU, fp16 with a GradScaler on a GPU).
+        use_amp: autocast in the training (bf16 on CPU, fp16 with a GradScaler on a GPU); None
+            while ``--amp auto`` on a CPU is still to be measured (``cli.amp_step``).
         device: ``"cpu"`` (gloo processes) or ``"gpu"`` (one NCCL process per GPU).
         amp_reason: why ``use_amp`` is what it is (``--amp`` as given, or what ``auto`` found).
+        amp_measurement: ``--amp auto`` on a CPU: the timing of the step in fp32 and bf16
+            that decided (:meth:`vissl_swav_plugin.utils.amp_measure.AmpMeasurement.record`);
+            None otherwise.
     """
 
     args: object
@@ -50,9 +55,10 @@ class DemoSetup:
     run_dir: Path
     ckpt_dir: Path
     threads: int
-    use_amp: bool
+    use_amp: Optional[bool]
     device: str = "cpu"
     amp_reason: str = ""
+    amp_measurement: Optional[dict] = None
 
     @property
     def train_log(self) -> Path:

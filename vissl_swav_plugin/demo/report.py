@@ -326,7 +326,8 @@ def _summary(results, curve, total, train_wall_s, collapse, probes=None):
 def _host(setup, clock):
     """The machine and the training's process / thread / precision settings."""
     return dict(cpu_count=os.cpu_count(), train_procs=setup.args.procs, threads_per_proc=setup.threads,
-                bf16_autocast=setup.use_amp, amp_choice=setup.amp_reason, loadavg_start=[round(v, 2) for v in clock.load_start],
+                bf16_autocast=setup.use_amp, amp_choice=setup.amp_reason,
+                amp_measurement=setup.amp_measurement, loadavg_start=[round(v, 2) for v in clock.load_start],
                 loadavg_end=[round(v, 2) for v in os.getloadavg()], python=platform.python_version(),
                 torch=__import__("torch").__version__, platform=platform.platform())
 

@@ -188,9 +188,9 @@ def training_overrides(mode, data_folder, ckpt_dir, use_amp, procs, seed, user_o
         base += ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl",
                  "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16", "config.DATA.NUM_DATALOADER_WORKERS=8",
                  # fork-started loader workers: VISSL's default, forkserver, starts every worker as a
-                 # fresh interpreter that imports torch and VISSL again, at every epoch (VISSL makes
-                 # its DataLoader without persistent_workers); on a 16-core H100 machine that took
-                 # about 70 s per epoch against a few seconds of training (docs/gpu.md)
+                 # fresh interpreter that imports torch and VISSL again (about 70 s for 8 workers on
+                 # a 16-core H100 machine, docs/gpu.md); the workers now persist across epochs
+                 # (DATA.PERSISTENT_WORKERS), so fork saves that wait once, at the start
                  "config.MULTI_PROCESSING_METHOD=fork"]
     user = list(user_overrides)
     composed = compose_config(base + user)
@@ -366,3 +366,88 @@ def read_loss_curve(ckpt_dir, parsed):
     rows = rows or parsed
     by_iter = {r["iter"]: r for r in rows}
     return [by_iter[i] for i in sorted(by_iter)]
+
+
+# -- --amp auto on a CPU: the training step timed in fp32 and in bf16 autocast --------------
+def step_config(mode, procs, seed, user_overrides=()):
+    """The VISSL config the training will compose (the mode's batch and prototypes, the
+    user's ``--override`` values), without data paths or epochs: what the step's timing needs."""
+    overrides = training_overrides(dict(mode, epochs=mode.get("epochs") or 1), "/nonexistent/demo_data",
+                                   "/nonexistent/demo_checkpoints", False, procs, seed, user_overrides)
+    return compose_config(overrides)
+
+
+def step_shape(config, threads):
+    """The recipe's shape as the cache key of the step's timing holds it: per-process batch,
+    crops, trunk, head and loss (a digest of their config blocks), threads per process."""
+    import hashlib
+
+    crops = _crop_sizes(config)
+    loss = config.LOSS.name
+    blocks = dict(trunk=config.MODEL.TRUNK, head=config.MODEL.HEAD.PARAMS, loss=config.LOSS.get(loss, {}),
+                  input=config.MODEL.get("INPUT_TYPE", "rgb"))
+    digest = hashlib.sha1(json.dumps(blocks, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return dict(batch=int(config.DATA.TRAIN.BATCHSIZE_PER_REPLICA),
+                crops="+".join(f"{n}x{s}" for n, s in crops), trunk=config.MODEL.TRUNK.NAME, loss=loss,
+                threads=int(threads), model_digest=digest)
+
+
+def _crop_sizes(config):
+    """``[(number, size), ...]`` of the first multi-crop transform (``num_crops`` and
+    ``size_crops``); one 28-px crop where the transforms have none."""
+    for t in config.DATA.TRAIN.TRANSFORMS or []:
+        if "num_crops" in t and "size_crops" in t:
+            return [(int(n), int(s)) for n, s in zip(t["num_crops"], t["size_crops"])]
+    return [(1, 28)]
+
+
+def fp32_head(config):
+    """Whether the config's head stays in fp32 under autocast (``fp32_head`` of its entries)."""
+    return all(bool(dict(p[1]).get("fp32_head", False)) for p in config.MODEL.HEAD.PARAMS if len(p) > 1)
+
+
+def step_timer(config, threads, warmup=2, min_rounds=3, max_rounds=12, budget_s=3.0):
+    """A timer for :func:`vissl_swav_plugin.utils.amp_measure.measure_or_reuse`: it builds the
+    config's model (VISSL's ``build_model``: trunk and head) and loss, random inputs of the
+    config's per-process batch and crops, and times one training step (forward of the crops
+    as VISSL's multi-resolution forward, loss with its Sinkhorn codes, backward, SGD step) in
+    fp32 and under bf16 autocast (as the training's ``MODEL.AMP_PARAMS``: the head stays fp32
+    where the config says ``fp32_head``), alternated (:func:`.time_alternating`), on
+    ``threads`` torch threads, the training process's.  Returns ``{"fp32": [s, ...],
+    "bf16": [s, ...]}``; the process's threads and random state are left as they were."""
+
+    def timer():
+        import torch
+        from classy_vision.losses import build_loss
+        from vissl.models import build_model
+
+        from vissl_swav_plugin.utils.amp_measure import time_alternating
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(max(1, int(threads)))
+        try:
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                model = build_model(config.MODEL, config.OPTIMIZER).train()
+                name = config.LOSS.name
+                loss_fn = build_loss(dict(config.LOSS[name], name=name))  # as VISSL's task builds it
+                batch = int(config.DATA.TRAIN.BATCHSIZE_PER_REPLICA)
+                crops = [torch.randn(batch, 3, s, s) for n, s in _crop_sizes(config) for _ in range(n)]
+                target = torch.zeros(batch, dtype=torch.long)
+                opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, weight_decay=1e-5)
+
+                def step(bf16):
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                        out = model(crops)
+                        loss = loss_fn(out[0] if len(out) == 1 else out, target)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+
+                return time_alternating({"fp32": lambda: step(False), "bf16": lambda: step(True)},
+                                        warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds,
+                                        budget_s=budget_s)
+        finally:
+            torch.set_num_threads(before)
+
+    return timer

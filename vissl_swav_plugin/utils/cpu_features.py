@@ -1,9 +1,12 @@
 """What the CPU is and offers for bf16, read from ``/proc/cpuinfo`` (Linux; empty elsewhere).
 
 Native bf16 is not the same as faster bf16: on a 2-core Intel Xeon with AVX512-BF16 but no AMX
-the demo's bf16 autocast step was slower than fp32 (359 vs 312 ms), while on one with AMX tiles
-(``amx_bf16``) it was 1.37x-1.60x faster (docs/experiments/benchmarks.md).  So the demo's
-``--amp auto`` asks :func:`bf16_matrix_units`, never :func:`native_bf16`.
+the demo's bf16 autocast step was slower than fp32 (359 vs 312 ms), on one with AMX tiles
+(``amx_bf16``) it was 1.37x-1.60x faster (docs/experiments/benchmarks.md), and on a 2-core AMD
+EPYC (Zen 5) with AVX512-BF16 but no AMX it trained 1.25-1.38x faster (docs/demo.md).  So the
+demo's ``--amp auto`` times the step instead of reading these flags
+(:mod:`vissl_swav_plugin.utils.amp_measure`); the model name and the flags are part of the key
+under which that timing is cached.
 """
 import platform
 from typing import Optional, Set

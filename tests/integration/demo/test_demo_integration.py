@@ -24,7 +24,7 @@ def test_tools_demo_help_lists_every_option():
     out = subprocess.run([sys.executable, str(REPO / "tools" / "demo.py"), "--help"], env=launcher_env(),
                          stdout=subprocess.PIPE, text=True, check=True).stdout
     for opt in ("--quick", "--out", "--data-dir", "--source", "--seed", "--procs", "--random-inits", "--threads",
-                "--amp", "--train-per-class", "--test-per-class", "--epochs", "--batch", "--queue", "--freeze",
+                "--amp", "--amp-remeasure", "--train-per-class", "--test-per-class", "--epochs", "--batch", "--queue", "--freeze",
                 "--prototypes", "--temperature", "--precise-bn", "--color-strength", "--color-warmup-iters",
                 "--normalize", "--override",
                 "--device"):

@@ -239,53 +239,123 @@ def test_collapse_warnings_are_the_detectors_own_message():
     assert collapse_warnings(info + "\n" + info) == []
 
 
-@pytest.mark.parametrize("flags,device,choice,expected,amx", [
-    ("fpu avx512f avx512_bf16 amx_tile amx_bf16", "cpu", "auto", True, True),   # AMX: faster (1.2x)
-    ("fpu avx512f avx512_bf16", "cpu", "auto", False, False),                  # AVX512-BF16 alone: slower
-    ("fpu avx2", "cpu", "auto", False, False),
-    ("", "cpu", "auto", False, False),                                          # /proc/cpuinfo unreadable
-    ("fpu avx2", "cpu", "on", True, None), ("fpu amx_bf16", "cpu", "off", False, None),  # as given
-    ("fpu avx2", "gpu", "auto", True, None),                                    # fp16 AMP on a GPU
+@pytest.mark.parametrize("device,choice,expected,reason", [
+    ("cpu", "on", True, "--amp on"), ("cpu", "off", False, "--amp off"),   # as given, never measured
+    ("gpu", "auto", True, "auto: fp16 AMP on a GPU"), ("gpu", "off", False, "--amp off"),
+    ("cpu", "auto", None, "auto: to be measured on this CPU"),             # amp_step measures
 ])
-def test_amp_auto_is_bf16_only_on_amx_cpus_and_says_why(flags, device, choice, expected, amx):
+def test_pick_amp_leaves_auto_on_a_cpu_to_the_measurement(device, choice, expected, reason):
     from vissl_swav_plugin.demo.cli import pick_amp
 
-    text = f"processor\t: 0\nflags\t\t: {flags}\nprocessor\t: 1\nflags\t\t: {flags}\n"
-    use_amp, reason = pick_amp(choice, device, text)
-    assert use_amp is expected
-    assert reason.startswith("auto: " if choice == "auto" else f"--amp {choice}")
-    if amx is not None:  # auto on CPU: the reason says whether the CPU has AMX
-        assert ("has AMX bf16 units (amx_bf16)" in reason) is amx and ("no AMX" in reason) is (not amx)
-        assert ("fp32 on CPU" in reason) is (not amx)
+    use_amp, why = pick_amp(choice, device)
+    assert use_amp is expected and why.startswith(reason)
 
 
-def test_the_demo_says_which_autocast_it_picked_and_why(tmp_path, monkeypatch):
-    """make_setup reads the machine's /proc/cpuinfo: on CPU the default is bf16 autocast where
-    the CPU has AMX and fp32 elsewhere (docs/demo.md), and the console line and the report's
-    host section say which and why."""
+@pytest.mark.parametrize("fp32_s,bf16_s,picked", [(0.208, 0.128, True), (0.2, 0.19, False), (0.31, 0.36, False)])
+def test_amp_auto_on_a_cpu_follows_the_timed_step_and_says_what_was_measured(tmp_path, monkeypatch, capsys,
+                                                                             fp32_s, bf16_s, picked):
+    """--amp auto on a CPU: bf16 autocast only when the step timed at start-up ran at least 1.10x
+    as fast in it (here the timer is the test's); the console line gives the figures, the report's
+    host section the measurement; a second run on the same machine reuses it without timing."""
+    import platform
+
     import torch
 
     from vissl_swav_plugin.demo import cli
-    from vissl_swav_plugin.utils import cpu_features
+    from vissl_swav_plugin.demo.report import _host
+    from vissl_swav_plugin.demo.common import Clock
+    from vissl_swav_plugin.utils import amp_measure
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for flags, amx in (("fpu avx512f amx_tile amx_bf16", True), ("fpu avx512f avx512_bf16", False)):
-        info = tmp_path / f"cpuinfo_{amx}"
-        info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-        monkeypatch.setattr(cpu_features, "CPUINFO", str(info))
-        args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o")])
-        setup = cli.make_setup(args, mode)
-        assert setup.use_amp is amx
-        label = cli.amp_label(setup)
-        if amx:
-            assert label.startswith("bf16 autocast on (auto: this CPU has AMX bf16 units (amx_bf16)")
-        else:
-            assert label.startswith("bf16 autocast off (auto: fp32 on CPU; this CPU has no AMX")
-        for choice in ("on", "off"):
-            args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o"), "--amp", choice])
-            setup = cli.make_setup(args, mode)
-            assert setup.use_amp is (choice == "on")
-            assert cli.amp_label(setup) == f"bf16 autocast {choice} (--amp {choice})"
+    monkeypatch.delenv(amp_measure.REMEASURE_ENV, raising=False)
+    calls = []
+
+    def timer():
+        calls.append(1)
+        return {"fp32": [fp32_s] * 4, "bf16": [bf16_s] * 4}
+
+    cache = tmp_path / "cache.json"
+    args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o")])
+    setup = cli.make_setup(args, mode)
+    assert setup.use_amp is None
+    cli.amp_step(setup, timer=timer, cache=cache)
+    out = capsys.readouterr().out
+    assert setup.use_amp is picked and calls == [1]
+    fast, slow = (("bf16", bf16_s), ("fp32", fp32_s)) if picked else (("fp32", fp32_s), ("bf16", bf16_s))
+    figures = f"{fast[0]} {1000 * fast[1]:.0f} ms vs {slow[0]} {1000 * slow[1]:.0f} ms per step"
+    head = "amp auto: bf16 autocast, head fp32 (" if picked else "amp auto: kept fp32 ("
+    assert f"  {head}{figures}" in out and f"cached in {cache}" in out
+    assert "amp auto: timing the training step in fp32 and in bf16 autocast" in out
+    assert cli.amp_label(setup).startswith(f"bf16 autocast {'on' if picked else 'off'} (auto: bf16 step "
+                                           f"{fp32_s / bf16_s:.2f}x fp32's")
+    monkeypatch.setattr(platform, "platform", lambda: "Linux-test")  # the real one runs `uname -p`
+    host = _host(setup, Clock())
+    assert host["bf16_autocast"] is picked and host["amp_choice"] == setup.amp_reason
+    assert host["amp_measurement"]["fp32_ms"] == pytest.approx(1000 * fp32_s)
+    assert host["amp_measurement"]["key"]["shape"]["batch"] == 64
+    assert host["amp_measurement"]["key"]["shape"]["crops"] == "2x28+4x16"
+
+    args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o")])
+    again = cli.amp_step(cli.make_setup(args, mode), timer=timer, cache=cache)
+    assert calls == [1] and again.use_amp is picked and again.amp_measurement["cached"]
+    out = capsys.readouterr().out
+    assert "reused from" in out and "--amp-remeasure" in out and "timing the training step" not in out
+    args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o"), "--amp-remeasure"])
+    cli.amp_step(cli.make_setup(args, mode), timer=timer, cache=cache)
+    assert calls == [1, 1]
+    args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o"), "--batch", "32"])  # another shape
+    cli.amp_step(cli.make_setup(args, mode), timer=timer, cache=cache)
+    assert calls == [1, 1, 1]
+
+
+def test_amp_on_off_and_the_gpu_are_not_measured(tmp_path, monkeypatch):
+    import torch
+
+    from vissl_swav_plugin.demo import cli
+
+    def timer():
+        raise AssertionError("timed although the choice was given")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for choice in ("on", "off"):
+        args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o"), "--amp", choice])
+        setup = cli.amp_step(cli.make_setup(args, mode), timer=timer, cache=tmp_path / "c.json")
+        assert setup.use_amp is (choice == "on") and setup.amp_measurement is None
+        assert cli.amp_label(setup) == f"bf16 autocast {choice} (--amp {choice})"
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_a_step_that_cannot_be_timed_keeps_fp32_and_says_why(tmp_path, monkeypatch, capsys):
+    import torch
+
+    from vissl_swav_plugin.demo import cli
+
+    def timer():
+        raise RuntimeError("no oneDNN")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args, mode = cli.parse_args(["--quick", "--out", str(tmp_path / "o")])
+    setup = cli.amp_step(cli.make_setup(args, mode), timer=timer, cache=tmp_path / "c.json")
+    assert setup.use_amp is False
+    assert "auto: kept fp32; the step could not be timed (RuntimeError: no oneDNN)" in capsys.readouterr().out
+
+
+def test_the_real_step_timing_runs_at_a_tiny_size():
+    """The demo's own step (VISSL's model and loss from the demo config, batch 4, 2 + 4 crops) in
+    fp32 and bf16 autocast, two rounds: two positive medians and a valid pick (which one is the
+    machine's business)."""
+    from vissl_swav_plugin.demo import cli
+    from vissl_swav_plugin.demo.training import fp32_head, step_config, step_shape, step_timer
+    from vissl_swav_plugin.utils.amp_measure import decide
+
+    args, mode = cli.parse_args(["--quick", "--batch", "4"])
+    config = step_config(mode, 2, 0)
+    shape = step_shape(config, 1)
+    assert (shape["batch"], shape["crops"], shape["threads"]) == (4, "2x28+4x16", 1) and fp32_head(config)
+    times = step_timer(config, 1, warmup=1, min_rounds=2, max_rounds=2, budget_s=0.0)()
+    assert len(times["fp32"]) == len(times["bf16"]) == 2
+    m = decide(times["fp32"], times["bf16"])
+    assert m.fp32_ms > 0 and m.bf16_ms > 0 and m.use_bf16 in (True, False)
 
 
 @pytest.mark.parametrize("procs, given, want", [(None, None, 64), (1, None, 128), (2, None, 64), (4, None, 32),
