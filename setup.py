@@ -55,6 +55,13 @@ setup(
     name="vissl-swav-plugin",
     version="0.1.0",
     description="SwAV, DeepCluster-v2 and SeLa-v2 as a plugin for VISSL",
+    license="MIT",
+    license_files=["LICENSE", "NOTICE"],
+    classifiers=[
+        "License :: OSI Approved :: MIT License",
+        "Programming Language :: Python :: 3",
+        "Operating System :: POSIX :: Linux",
+    ],
     packages=find_packages(include=["vissl_swav_plugin", "vissl_swav_plugin.*"]),
     entry_points={"console_scripts": CONSOLE_SCRIPTS},
     python_requires=">=3.9",
