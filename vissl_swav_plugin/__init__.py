@@ -30,6 +30,7 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.hooks.memory_bank_hooks",
     "vissl_swav_plugin.transforms.standardize",
     "vissl_swav_plugin.transforms.multicrop",
+    "vissl_swav_plugin.transforms.device_step",
     "vissl_swav_plugin.hooks.color_warmup",
     "vissl_swav_plugin.models.trunks",
     "vissl_swav_plugin.hooks.progress",

@@ -37,7 +37,8 @@ _AMP_DTYPE_NAMES = {
 # Keys the plugin adds to VISSL's config schema: `key=value` overrides of these are
 # rewritten to `++key=value` so they need no leading '+' on the command line (the other
 # modules' keys are listed here too: config.vissl_schema reads this list).
-PLUGIN_CONFIG_KEYS = [AMP_DTYPE_KEY, PERSISTENT_WORKERS_KEY]
+PLUGIN_CONFIG_KEYS = [AMP_DTYPE_KEY, PERSISTENT_WORKERS_KEY,
+                      "config.DATA.TRAIN.DEVICE_AUGMENT"]  # transforms/device_step.py (a layer above)
 
 
 def amp_dtype_from_config(amp_params):

@@ -18,6 +18,7 @@ from vissl_swav_plugin.config.validation import (
     total_num_crops,
     world_size_of,
 )
+from vissl_swav_plugin.transforms.multicrop_config import DEVICE_COLLATOR  # config.DATA.TRAIN.DEVICE_AUGMENT
 
 LOSS_NAME = "swav_plugin_loss"
 
@@ -140,7 +141,7 @@ def infer_swav_plugin_loss(cfg):
     crops = total_num_crops(cfg)
     if crops is not None:
         lc.num_crops = crops
-        if cfg.DATA.TRAIN.COLLATE_FUNCTION not in ("multicrop_collator", "multicrop_mixup_collator"):
+        if cfg.DATA.TRAIN.COLLATE_FUNCTION not in ("multicrop_collator", "multicrop_mixup_collator", DEVICE_COLLATOR):
             raise ConfigError(
                 "config.DATA.TRAIN.COLLATE_FUNCTION must be multicrop_collator for a multi-crop "
                 f"transform, got {cfg.DATA.TRAIN.COLLATE_FUNCTION!r}"

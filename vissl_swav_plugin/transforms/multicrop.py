@@ -70,6 +70,7 @@ from vissl_swav_plugin.transforms.multicrop_ops import (
     gaussian_blur,
     to_normalized_tensors,
     to_rgb_crops,
+    to_uint8_tensors,
 )
 
 __all__ = [
@@ -151,6 +152,11 @@ class MultiCropPlugin(ClassyTransform):
         to_tensor: True (default) returns normalised float tensors; False returns PIL
             crops (flipped and colour-augmented) for further PIL transforms.
         interpolation: resize filter, ``bilinear`` (default) | ``bicubic`` | ...
+        device_augment: ``off`` (default) | ``normalize``: uint8 tensors after every op, the
+            device normalises | ``photometric``: ``(uint8 crop, parameter row)`` pairs after the
+            crop, resize and flip, the device does the rest
+            (:mod:`vissl_swav_plugin.transforms.device_augment`).  Set by the config inference
+            from ``config.DATA.TRAIN.DEVICE_AUGMENT``; do not set it by hand.
 
     Raises:
         MultiCropConfigError: a wrong argument; the message names the key.
@@ -185,13 +191,15 @@ class MultiCropPlugin(ClassyTransform):
         color_warmup_iters: int = 0,
         color_warmup_strength: Any = None,
         color_warmup_schedule: str = WARMUP_STEP,
+        device_augment: str = "off",
     ):
         p = validate_params(
             num_crops, size_crops, crop_scales, crop_ratios, total_num_crops, flip_p,
             color_strength, color_jitter_p, grayscale_p, blur_p, blur_sigma, blur_kernel_frac,
             mean, std, to_tensor, interpolation, normalize, min_std, color_warmup_iters,
-            color_warmup_strength, color_warmup_schedule,
+            color_warmup_strength, color_warmup_schedule, device_augment,
         )
+        self.device_augment = p.device_augment
         counts, sizes, scales, ratios = p.counts, p.sizes, p.scales, p.ratios
         self.num_crops = counts
         self.size_crops = sizes
@@ -393,6 +401,8 @@ class MultiCropPlugin(ClassyTransform):
             image = image.convert("RGB")
         p = self.sample_params(image.width, image.height)
         flips = p["flip"].tolist()
+        if self.device_augment == "photometric":
+            return self._geometric_only(image, p, flips)
         crops = [
             self._crop(image, k, *args)
             for k, args in enumerate(
@@ -409,7 +419,21 @@ class MultiCropPlugin(ClassyTransform):
         ]
         if not self.to_tensor:
             return to_rgb_crops(crops, flips)
+        if self.device_augment == "normalize":
+            return to_uint8_tensors(crops, flips, self._size_groups)
         return to_normalized_tensors(crops, flips, self._size_groups, self._offset, self._inv, self.min_std)
+
+    def _geometric_only(self, image: Image.Image, p, flips) -> List[tuple]:
+        """``device_augment: photometric``: per crop, ``(uint8 [3, s, s] crop, parameter row)``:
+        the crop resized and flipped, and its drawn photometric parameters
+        (:func:`vissl_swav_plugin.transforms.device_augment.pack_params`)."""
+        from vissl_swav_plugin.transforms.device_augment import pack_params
+
+        boxes = map(tuple, p["boxes"].tolist())
+        crops = [image.resize((self._size[k], self._size[k]), self.resample, box=box) for k, box in enumerate(boxes)]
+        tensors = to_uint8_tensors(crops, flips, self._size_groups)
+        params = pack_params(p["jitter"], p["factors"], p["order"], p["gray"], p["blur"], p["sigma"], self._radius)
+        return list(zip(tensors, params.unbind(0)))
 
     @classmethod
     def from_config(cls, config: Dict[str, Any]) -> "MultiCropPlugin":

@@ -26,6 +26,10 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # ``color_strength``; ``linear`` ramps from the one to the other over the warm-up
 WARMUP_STEP, WARMUP_LINEAR = "step", "linear"
 WARMUP_SCHEDULES = (WARMUP_STEP, WARMUP_LINEAR)
+#: the ``device_augment`` values (``config.DATA.TRAIN.DEVICE_AUGMENT``, :mod:`.device_augment`)
+DEVICE_AUGMENT_MODES = ("off", "normalize", "photometric")
+#: the collator of ``photometric`` (``multicrop_collator`` keeping each crop's parameters)
+DEVICE_COLLATOR = "multicrop_device_collator"
 # torchvision's RandomResizedCrop aspect-ratio range
 DEFAULT_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
@@ -59,6 +63,7 @@ KNOWN_KEYS = {
     "color_warmup_iters",
     "color_warmup_strength",
     "color_warmup_schedule",
+    "device_augment",
 }
 REQUIRED_KEYS = ("num_crops", "size_crops", "crop_scales")
 
@@ -93,6 +98,7 @@ class MultiCropParams(NamedTuple):
     warmup_iters: int  #: training iterations at the start with ``warmup_strength`` (0: none; whole epochs)
     warmup_strength: Optional[List[float]]  #: colour-distortion strength per group during the warm-up
     warmup_schedule: str  #: ``step`` (the warm-up strength, then ``strength``) or ``linear`` (a ramp between them)
+    device_augment: str = "off"  #: what the device does (``config.DATA.TRAIN.DEVICE_AUGMENT``, set by the config inference)
 
 
 def _err(key, msg):
@@ -216,6 +222,7 @@ def validate_params(
     color_warmup_iters: int = 0,
     color_warmup_strength: Any = None,
     color_warmup_schedule: str = WARMUP_STEP,
+    device_augment: str = "off",
 ) -> MultiCropParams:
     """Check the ``multicrop_plugin`` arguments and normalise them per crop group.
 
@@ -225,7 +232,9 @@ def validate_params(
             ``flip_p``, ``color_strength``, ``color_jitter_p``, ``grayscale_p``,
             ``blur_p`` and ``blur_sigma`` are per group.  ``mean`` / ``std`` None means
             ImageNet's with ``normalize: dataset``; they cannot be given with ``per_image``,
-            nor ``min_std`` with ``dataset``.
+            nor ``min_std`` with ``dataset``.  ``device_augment``: ``off``, ``normalize`` or
+            ``photometric`` (:mod:`vissl_swav_plugin.transforms.device_augment`; the config
+            inference copies ``config.DATA.TRAIN.DEVICE_AUGMENT`` here).
 
     Returns:
         A :class:`MultiCropParams` with one entry per crop group in its list fields.
@@ -272,10 +281,14 @@ def validate_params(
         color_warmup_iters, color_warmup_strength, color_warmup_schedule, n)
     if interpolation not in RESAMPLE:
         raise _err("interpolation", f"must be one of {sorted(RESAMPLE)}, got {interpolation!r}")
+    if device_augment not in DEVICE_AUGMENT_MODES:
+        raise _err("device_augment", f"must be one of {list(DEVICE_AUGMENT_MODES)}, got {device_augment!r}")
+    if device_augment != "off" and not to_tensor:
+        raise _err("device_augment", f"{device_augment!r} sends uint8 tensors to the device: it needs to_tensor: true")
     return MultiCropParams(
         counts, sizes, scales, ratios, flip, strength, jit_p, gray_p, blur, sigma,
         blur_kernel_frac, mean, std, bool(to_tensor), RESAMPLE[interpolation], normalize, min_std,
-        warm_iters, warm_strength, warm_schedule,
+        warm_iters, warm_strength, warm_schedule, device_augment,
     )
 
 

@@ -41,7 +41,8 @@ from PIL import Image, ImageFilter
 
 from vissl_swav_plugin.transforms.standardize import standardize_
 
-__all__ = ["color_jitter", "gaussian_blur", "truncated_gaussian_kernel", "to_normalized_tensors", "to_rgb_crops"]
+__all__ = ["color_jitter", "gaussian_blur", "truncated_gaussian_kernel", "to_normalized_tensors", "to_rgb_crops",
+           "to_uint8_tensors"]
 
 # ITU-R 601-2 luma, the weights PIL (and torchvision) use for grayscale / saturation.
 _WR, _WG, _WB = 0.299, 0.587, 0.114
@@ -225,6 +226,30 @@ def to_rgb_crops(crops: Sequence[Image.Image], flips: Sequence[bool]) -> List[Im
         if fl:
             im = im.transpose(Image.FLIP_LEFT_RIGHT)
         out.append(im.convert("RGB") if im.mode != "RGB" else im)
+    return out
+
+
+def to_uint8_tensors(
+    crops: Sequence[Image.Image], flips: Sequence[bool], size_groups: Dict[int, List[int]]
+) -> List[torch.Tensor]:
+    """``RandomHorizontalFlip`` + the copy into ``uint8`` tensors ``[3, s, s]`` (an ``L`` crop
+    in all three channels): what the workers send with ``DEVICE_AUGMENT`` (the same copy as
+    :func:`to_normalized_tensors`, without the float conversion; views of one batch per size)."""
+    out: List[Optional[torch.Tensor]] = [None] * len(crops)
+    for s, idx in size_groups.items():
+        batch = torch.empty((len(idx), 3, s, s), dtype=torch.uint8)
+        dst = batch.numpy()
+        for j, k in enumerate(idx):
+            im = crops[k]
+            if im.mode == "L":
+                a = np.frombuffer(im.tobytes(), np.uint8).reshape(1, s, s)
+            else:
+                a = np.frombuffer(im.tobytes(), np.uint8).reshape(s, s, 3).transpose(2, 0, 1)
+            if flips[k]:
+                a = a[:, :, ::-1]
+            np.copyto(dst[j], a)
+        for j, t in zip(idx, batch.unbind(0)):
+            out[j] = t
     return out
 
 

@@ -1,0 +1,215 @@
+"""``config.DATA.TRAIN.DEVICE_AUGMENT`` in VISSL: the key, its inference, a collator and a train step.
+
+* The key (``off`` | ``normalize`` | ``photometric``, :mod:`.device_augment`) is declared to the
+  check of VISSL's schema; on the command line:
+  ``config.DATA.TRAIN.DEVICE_AUGMENT=normalize`` (no ``+`` needed: ``compat.amp.PLUGIN_CONFIG_KEYS``).
+* The config inference (every launcher, when the config is composed) checks the value (a
+  :class:`~vissl_swav_plugin.config.validation.ConfigError` naming the key), copies it into the
+  split's ``multicrop_plugin`` entry (``device_augment``: what the workers send) and sets
+  ``TRAINER.TRAIN_STEP_NAME`` to :data:`TRAIN_STEP_NAME` (from ``standard_train_step``) and, for
+  ``photometric``, ``DATA.TRAIN.COLLATE_FUNCTION`` to :data:`COLLATOR_NAME` (from
+  ``multicrop_collator``); another value of either is refused, naming both keys.
+* :func:`multicrop_device_collator`: VISSL's ``multicrop_collator`` for ``(crop, parameters)``
+  pairs: the crops as VISSL stacks them, the parameter rows as ``batch["crop_params"]``
+  (``[positions, N, NUM_PARAMS]``).
+* :func:`device_augment_train_step`: takes the batch from the data iterator, moves it to the
+  task's device (``non_blocking``; on CUDA VISSL's loader wrapper has already copied it), turns
+  the uint8 crops into normalised float crops there (:class:`.device_augment.DeviceAugmenter`)
+  and hands the batch to VISSL's ``standard_train_step`` through a one-batch iterator, so
+  everything else (forward, loss, hooks, AMP, timers) is VISSL's own.  A batch that is not
+  uint8 (a test phase, ``off``) passes through unchanged.
+"""
+import logging
+from typing import Any, Dict, List
+
+import torch
+
+from vissl_swav_plugin.config.validation import ConfigError, register_global_inference, register_plugin_config_keys
+from vissl_swav_plugin.transforms.device_augment import KEY, MODES, NORMALIZE, OFF, PHOTOMETRIC, DeviceAugmenter
+from vissl_swav_plugin.transforms.multicrop_config import DEVICE_COLLATOR, TRANSFORM_NAME, check_config_keys
+
+__all__ = ["TRAIN_STEP_NAME", "COLLATOR_NAME", "PARAMS_KEY", "infer_device_augment", "multicrop_device_collator",
+           "device_augment_train_step", "augment_batch", "augmenter_for", "augmenter_for_transform"]
+
+TRAIN_STEP_NAME = "device_augment_train_step"
+COLLATOR_NAME = DEVICE_COLLATOR
+STANDARD_STEP = "standard_train_step"
+STANDARD_COLLATOR = "multicrop_collator"
+PARAMS_KEY = "crop_params"
+_STEP_KEY = "TRAINER.TRAIN_STEP_NAME"
+_COLLATE_KEY = "DATA.TRAIN.COLLATE_FUNCTION"
+
+register_plugin_config_keys(KEY)
+
+
+def _mode(cfg) -> str:
+    value = (cfg.DATA.get("TRAIN") or {}).get("DEVICE_AUGMENT", OFF)
+    if value is False:  # YAML reads a bare `off` as false
+        value = OFF
+    if not isinstance(value, str) or value not in MODES:
+        raise ConfigError(f"config.{KEY} must be one of {list(MODES)}, got {value!r}")
+    return value
+
+
+@register_global_inference("device_augment")
+def infer_device_augment(cfg):
+    """Check ``DATA.TRAIN.DEVICE_AUGMENT`` and set what it needs (module docstring).
+
+    Raises:
+        ConfigError: a bad value; a ``multicrop_plugin`` ``device_augment`` that differs from
+            the key (or is set in ``DATA.TEST``); ``DEVICE_AUGMENT`` without exactly one
+            ``multicrop_plugin``, last in ``DATA.TRAIN.TRANSFORMS``; a train step or collator of
+            the user's that conflicts (naming both keys).
+    """
+    mode = _mode(cfg)
+    for split in ("TRAIN", "TEST"):
+        for i, t in enumerate((cfg.DATA.get(split) or {}).get("TRANSFORMS") or []):
+            if not hasattr(t, "get") or t.get("name") != TRANSFORM_NAME or "device_augment" not in t:
+                continue
+            want = mode if split == "TRAIN" else OFF
+            if t["device_augment"] is False:  # YAML reads a bare `off` as false
+                t["device_augment"] = OFF
+            if t["device_augment"] != want:
+                raise ConfigError(
+                    f"config.DATA.{split}.TRANSFORMS[{i}].device_augment={t['device_augment']!r} differs from "
+                    f"config.{KEY}={want!r}" + (" (the key acts on DATA.TRAIN only)" if split == "TEST" else "")
+                    + f": set config.{KEY} and leave the transform's key to the config inference")
+    if mode == OFF:
+        return cfg
+    transforms = list(cfg.DATA.TRAIN.get("TRANSFORMS") or [])
+    hits = [i for i, t in enumerate(transforms) if hasattr(t, "get") and t.get("name") == TRANSFORM_NAME]
+    if len(hits) != 1 or hits[0] != len(transforms) - 1:
+        raise ConfigError(
+            f"config.{KEY}={mode!r} needs exactly one {TRANSFORM_NAME}, the last transform of "
+            f"config.DATA.TRAIN.TRANSFORMS (its crops go to the device as uint8); got "
+            f"{[t.get('name') if hasattr(t, 'get') else t for t in transforms]}")
+    entry = transforms[hits[0]]
+    if entry.get("to_tensor", True) is not True:
+        raise ConfigError(f"config.{KEY}={mode!r} needs config.DATA.TRAIN.TRANSFORMS[{hits[0]}].to_tensor: true")
+    entry["device_augment"] = mode
+    step = cfg.TRAINER.TRAIN_STEP_NAME
+    if step == STANDARD_STEP:
+        cfg.TRAINER.TRAIN_STEP_NAME = TRAIN_STEP_NAME
+    elif step != TRAIN_STEP_NAME:
+        raise ConfigError(f"config.{KEY}={mode!r} runs its own train step ({TRAIN_STEP_NAME}, which wraps "
+                          f"{STANDARD_STEP}) but config.{_STEP_KEY}={step!r}: use {STANDARD_STEP} or {KEY}=off")
+    collator = cfg.DATA.TRAIN.COLLATE_FUNCTION
+    if mode == PHOTOMETRIC:
+        if collator == STANDARD_COLLATOR:
+            cfg.DATA.TRAIN.COLLATE_FUNCTION = COLLATOR_NAME
+        elif collator != COLLATOR_NAME:
+            raise ConfigError(f"config.{KEY}={mode!r} collates with {COLLATOR_NAME} (multicrop_collator keeping "
+                              f"each crop's parameters) but config.{_COLLATE_KEY}={collator!r}: use "
+                              f"{STANDARD_COLLATOR} or {KEY}=off")
+    elif collator != STANDARD_COLLATOR:
+        raise ConfigError(f"config.{KEY}={mode!r} sends uint8 crops, which only {STANDARD_COLLATOR} passes on "
+                          f"unchanged, but config.{_COLLATE_KEY}={collator!r}: use {STANDARD_COLLATOR} or {KEY}=off")
+    logging.info(f"config.{KEY}={mode}: train step {cfg.TRAINER.TRAIN_STEP_NAME}, "
+                 f"collator {cfg.DATA.TRAIN.COLLATE_FUNCTION}")
+    return cfg
+
+
+def multicrop_device_collator(batch: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """VISSL's ``multicrop_collator`` for samples whose crops are ``(uint8 crop, parameter row)``
+    pairs (``device_augment: photometric``): the crops collated by it, crop-major as always,
+    and ``crop_params``: ``[tensor [positions, N, NUM_PARAMS]]`` in the same order."""
+    from vissl.data.collators.multicrop_collator import multicrop_collator
+
+    plain, params = [], []
+    for sample in batch:
+        crops = sample["data"]
+        if not all(isinstance(c, (tuple, list)) and len(c) == 2 for c in crops):
+            raise TypeError(f"{COLLATOR_NAME}: each crop must be a (crop, parameters) pair "
+                            f"({TRANSFORM_NAME} with device_augment: photometric)")
+        plain.append({**sample, "data": [c[0] for c in crops]})
+        params.append(torch.stack([c[1] for c in crops]))
+    out = multicrop_collator(plain)
+    out[PARAMS_KEY] = [torch.stack(params, 1)]  # [positions, N, NUM_PARAMS]
+    return out
+
+
+def augmenter_for(config) -> DeviceAugmenter:
+    """The :class:`DeviceAugmenter` of a composed config: the mean / std (or per-image floor) of
+    its ``DATA.TRAIN`` ``multicrop_plugin`` as the workers' transform resolves them."""
+    from vissl_swav_plugin.transforms.multicrop import MultiCropPlugin
+
+    entry = [t for t in config.DATA.TRAIN.TRANSFORMS if t.get("name") == TRANSFORM_NAME][-1]
+    return augmenter_for_transform(MultiCropPlugin(**check_config_keys(entry)))
+
+
+def augmenter_for_transform(t) -> DeviceAugmenter:
+    """The :class:`DeviceAugmenter` of a ``MultiCropPlugin`` ``t`` (its mean / std or floor, its mode)."""
+    return DeviceAugmenter(t.mean, t.std, t.min_std, photometric=t.device_augment == PHOTOMETRIC)
+
+
+def _to(x, device):
+    if torch.is_tensor(x):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, list):
+        return [_to(v, device) for v in x]
+    if isinstance(x, dict):
+        return {k: _to(v, device) for k, v in x.items()}
+    return x
+
+
+def augment_batch(batch: Dict[str, Any], augmenter: DeviceAugmenter, device) -> Dict[str, Any]:
+    """``batch`` on ``device`` with its uint8 crops (``batch["data"][0]``, one tensor per crop
+    position) replaced by normalised float32 crops; ``crop_params`` removed.  A batch without
+    uint8 crops is returned as it is (moved)."""
+    params = batch.pop(PARAMS_KEY, None)
+    batch = _to(batch, device)
+    crops = batch["data"][0]
+    if isinstance(crops, list) and crops and all(torch.is_tensor(c) and c.dtype == torch.uint8 for c in crops):
+        p = params[0] if params is not None else None  # read on the host by the augmenter
+        batch["data"] = [augmenter(crops, p)] + list(batch["data"][1:])
+    return batch
+
+
+class _OneBatch:
+    """The iterator ``standard_train_step`` reads: the next batch of ``source``, augmented."""
+
+    def __init__(self, source, fn):
+        self.source, self.fn = source, fn
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.fn(next(self.source))
+
+    def __len__(self):  # Classy Vision's num_batches_per_phase
+        return len(self.source)
+
+    def __getattr__(self, name):
+        return getattr(self.source, name)
+
+
+def device_augment_train_step(task):
+    """VISSL's ``standard_train_step`` on batches augmented on ``task.device`` (module docstring)."""
+    from vissl.trainer.train_steps import get_train_step
+
+    augmenter = getattr(task, "_plugin_device_augmenter", None)
+    if augmenter is None:
+        augmenter = task._plugin_device_augmenter = augmenter_for(task.config)
+        logging.info(f"{TRAIN_STEP_NAME}: config.{KEY}={task.config.DATA.TRAIN.get('DEVICE_AUGMENT', OFF)} on "
+                     f"{getattr(task, 'device', 'cpu')}, collator {task.config.DATA.TRAIN.COLLATE_FUNCTION}")
+    device = getattr(task, "device", torch.device("cpu"))
+    source = task.data_iterator
+    task.data_iterator = _OneBatch(source, lambda b: augment_batch(b, augmenter, device) if task.train else b)
+    try:
+        return get_train_step(STANDARD_STEP)(task)
+    finally:
+        task.data_iterator = source
+
+
+def _register_with_vissl():
+    from vissl.data.collators import COLLATOR_REGISTRY, register_collator
+    from vissl.trainer.train_steps import TRAIN_STEP_REGISTRY, register_train_step
+
+    if COLLATOR_NAME not in COLLATOR_REGISTRY:
+        register_collator(COLLATOR_NAME)(multicrop_device_collator)
+    if TRAIN_STEP_NAME not in TRAIN_STEP_REGISTRY:
+        register_train_step(TRAIN_STEP_NAME)(device_augment_train_step)
+
+
+_register_with_vissl()
