@@ -23,12 +23,28 @@ out of time is recorded as an error in the JSON and the others still run):
 ``input_pipeline``  The plugin's input pipeline (JPEG decode, multi-crop, collate; VISSL's
                     loader, workers started by fork) with one worker per core, images/s, against the GPU step's
                     images/s (from ``train_step``): which of the two bounds a run.
+``step_variants``   The train_step measurement with LARC on, five tasks stepped in rotation
+                    (``benchmarks/step_variants.py``): VISSL's built-in SwAV, the plugin's, the
+                    plugin's with channels-last, with cudnn.benchmark, and with the candidate
+                    ``_foreach`` LARC of ``benchmarks/larc_foreach.py`` (not shipped): ms/step,
+                    ratio to VISSL's, first losses (equal: same weights and batch).
+``loop_variants``   VISSL's real training loop for ``swav_1gpu_resnet`` on generated JPEGs of
+                    ImageNet's sizes, one short run per variant, one setting changed at a time
+                    (``benchmarks/loop_variants.py``): the batch replayed on the device (no
+                    loader), uint8 crops, loader workers, hooks off, synchronous copy, LARC off,
+                    log frequency; images/s, ratio to the baseline and to the bare step (timed in
+                    the same section), a torch.profiler summary of the baseline and the replay.
+``flagship``        ``pretrain/swav/swav_8node_resnet`` on one GPU (only NUM_NODES and
+                    NUM_PROC_PER_NODE changed) for 100 iterations on generated JPEGs: finite,
+                    falling loss, the non-finite guard silent, images/s.
 ``demo``            ``tools/demo.py --device gpu`` on the full Fashion-MNIST training set
                     (60,000 images; 10,000 test images) with the evaluation protocols: its
                     wall time and 20-NN accuracy (target: >= 90% within 15 minutes on one H100).
 
 usage: python benchmarks/gpu_check.py [--out DIR] [--dry-run] [--sections a,b,...]
          [--fashion-mnist DIR] [--limit SECONDS] [--demo-args "OPTIONS"] [--demo-seeds 0,1,2]
+Without ``--sections`` a GPU run runs :data:`DEFAULT_SECTIONS` (every section but ``pretrain``
+and ``demo``: their limits add up to 535 s, one call of at most 10 minutes); a dry run runs all.
 Exit code 0 when every section ran, 1 when one failed (its error is in the JSON).
 With ``--sections`` the named sections are (re)measured and the others kept from an
 existing ``<out>/gpu_check.json``, so a run split over several calls still makes one table.
@@ -48,12 +64,20 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-SECTIONS = ("sinkhorn", "train_step", "pretrain", "input_pipeline", "demo")
+SECTIONS = ("sinkhorn", "train_step", "step_variants", "pretrain", "input_pipeline", "loop_variants", "flagship",
+            "demo")
+# a GPU run without --sections: these, whose limits add up to 535 s (8.9 min), so that one
+# command of at most 10 minutes measures them all; pretrain (300 s) and demo (900 s) are named
+# with --sections.  The dry run runs every section.
+DEFAULT_SECTIONS = ("sinkhorn", "train_step", "step_variants", "input_pipeline", "loop_variants", "flagship")
 # wall-clock limit of each section's subprocess, seconds (GPU run / dry run).  The dry run
 # checks the code path, not the time: on a loaded CI machine its sections take many times
 # their idle 5-20 s, so its limit is only a bound for a hang
-LIMITS = {"sinkhorn": (90, 1800), "train_step": (180, 1800), "pretrain": (300, 1800),
-          "input_pipeline": (300, 1800), "demo": (900, 1800)}
+LIMITS = {"sinkhorn": (40, 1800), "train_step": (60, 1800), "step_variants": (75, 1800), "pretrain": (300, 1800),
+          "input_pipeline": (60, 1800), "loop_variants": (225, 1800), "flagship": (75, 1800), "demo": (900, 1800)}
+# loop_variants shares its limit between its variants: it stops starting new ones this many
+# seconds before its limit (imports, image writing and the last variant's clean-up)
+LOOP_VARIANTS_MARGIN_S = 25
 FASHION_MNIST = os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
 FM_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
@@ -332,6 +356,58 @@ def section_input_pipeline(dry):
                 steady_images_per_s=statistics.median(r[1] for r in rates))
 
 
+def section_step_variants(dry):
+    """The plugin's step vs VISSL's built-in SwAV step, and the plugin's step with channels-last,
+    cudnn.benchmark and the candidate _foreach LARC, timed in alternation
+    (``benchmarks/step_variants.py``)."""
+    import torch
+
+    device = _device(dry)
+    torch.set_num_threads(1 if dry else max(1, os.cpu_count() or 1))
+    import vissl  # noqa: F401
+
+    sv = _bench_module("step_variants")
+    bt = _bench_module("bench_train_step")
+    if device.type == "cuda":
+        import torch.distributed as dist
+
+        os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{bt._free_port()}", world_size=1, rank=0)
+    bt._init_dist()
+    return sv.run(dry, _bench_module, device)
+
+
+def section_loop_variants(dry, limit=None):
+    """VISSL's real training loop for swav_1gpu_resnet on generated ImageNet-sized JPEGs, one
+    short run per variant (``benchmarks/loop_variants.py``): images/s, ratios to the baseline
+    and to the bare step, the profile of the baseline and of the replayed batch."""
+    import torch
+
+    _device(dry)
+    torch.set_num_threads(1 if dry else max(1, os.cpu_count() or 1))
+    import vissl  # noqa: F401
+
+    lv = _bench_module("loop_variants")
+    limit = limit or LIMITS["loop_variants"][1 if dry else 0]
+    budget = max(30.0, limit - LOOP_VARIANTS_MARGIN_S) if not dry else limit
+    with tempfile.TemporaryDirectory() as tmp:
+        return lv.run_variants(dry, tmp, budget, say=lambda m: print(m, flush=True))
+
+
+def section_flagship(dry, limit=None):
+    """pretrain/swav/swav_8node_resnet on one GPU for 100 iterations (``benchmarks/loop_variants.py``)."""
+    import torch
+
+    _device(dry)
+    torch.set_num_threads(1 if dry else max(1, os.cpu_count() or 1))
+    import vissl  # noqa: F401
+
+    lv = _bench_module("loop_variants")
+    limit = limit or LIMITS["flagship"][1 if dry else 0]
+    with tempfile.TemporaryDirectory() as tmp:  # the loop's own limit leaves time for imports and images
+        return lv.flagship(dry, tmp, limit_s=max(20.0, limit - 20), say=lambda m: print(m, flush=True))
+
+
 def _write_fake_fashion_mnist(root, n_train, n_test, seed=0):
     """IDX files in Fashion-MNIST's format: 28x28 class-dependent blobs + noise (dry run)."""
     import numpy as np
@@ -440,8 +516,9 @@ def section_demo(dry, fashion_mnist=FASHION_MNIST, demo_args="", demo_seeds=""):
                     first.get("knn20_swav") is not None and first["knn20_swav"] >= 90 and wall <= 900))
 
 
-RUNNERS = {"sinkhorn": section_sinkhorn, "train_step": section_train_step, "pretrain": section_pretrain,
-           "input_pipeline": section_input_pipeline, "demo": section_demo}
+RUNNERS = {"sinkhorn": section_sinkhorn, "train_step": section_train_step, "step_variants": section_step_variants,
+           "pretrain": section_pretrain, "input_pipeline": section_input_pipeline,
+           "loop_variants": section_loop_variants, "flagship": section_flagship, "demo": section_demo}
 
 
 # --------------------------------------------------------------------------- parent
@@ -454,7 +531,8 @@ def run_section(name, dry, fashion_mnist, limit=None, demo_args="", demo_seeds="
     with tempfile.TemporaryDirectory() as tmp:
         res_path = os.path.join(tmp, "result.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-out", res_path,
-               "--fashion-mnist", fashion_mnist, "--demo-args=" + demo_args, "--demo-seeds=" + demo_seeds] + (["--dry-run"] if dry else [])
+               "--fashion-mnist", fashion_mnist, "--demo-args=" + demo_args, "--demo-seeds=" + demo_seeds,
+               f"--child-limit={limit}"] + (["--dry-run"] if dry else [])
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -539,6 +617,23 @@ def markdown(doc):
         elif name == "input_pipeline":
             row(name, f"{s['recipe']}, {s['image_size']}, {s['workers']} workers: images/s",
                 _f(s["steady_images_per_s"], "{:.0f}"))
+        elif name == "step_variants":
+            for k, v in s["variants"].items():
+                row(name, f"{s['trunk']} {s['crops']} batch {s['batch']} AMP {s['amp']} LARC: {k} ms/step "
+                    "(ratio to VISSL's; first loss)",
+                    f"{_f(v['ms'], '{:.1f}')} ({_f(v['ratio_to_vissl'], '{:.3f}')}; {_f(v['first_loss'], '{:.5f}')})",
+                    "<= 1.0" if k == "ours" else "")
+        elif name == "loop_variants":
+            row(name, f"{s['config']}, batch {s['batch']}, {s['images']['count']} JPEGs "
+                f"({s['images']['sizes']}): baseline / bare step images/s",
+                f"{_f(s['baseline_images_per_s'], '{:.0f}')} / {_f(s['bare_step_images_per_s'], '{:.0f}')}",
+                "table below")
+        elif name == "flagship":
+            row(name, f"{s['config']} ({s['overrides']}), batch {s['batch']}, {s['iterations']} it: loss first -> last",
+                f"{_f(s['loss_first'], '{:.3f}')} -> {_f(s['loss_last'], '{:.3f}')}", "finite, falling")
+            row(name, "finite / falling / non-finite guard fired",
+                f"{_f(s['loss_finite'])} / {_f(s['loss_falling'])} / {_f(s['nonfinite_guard_fired'])}", "yes / yes / no")
+            row(name, "images/s", _f(s["images_per_s"], "{:.0f}"))
         elif name == "demo":
             row(name, f"tools/demo.py {s['options']}: wall time"
                 + (f" ({s['concurrent_runs']} seeds at once)" if s.get("concurrent_runs", 1) > 1 else ""),
@@ -562,6 +657,29 @@ def markdown(doc):
             f"{b['input_images_per_s']:.0f} vs {b['step_images_per_s']:.0f}: bound by {b['bound_by']}")
     else:
         row("bound", "input pipeline vs GPU step", "-")
+    lv = r.get("loop_variants")
+    if lv and "error" not in lv:
+        lines += ["", f"## loop_variants: VISSL's training loop, images/s per variant (bare step "
+                  f"{_f(lv.get('bare_step_ms'), '{:.1f}')} ms)", "",
+                  "| variant | changes | status | workers | images/s | ratio to baseline | ratio to bare step |",
+                  "|---|---|---|---|---|---|---|"]
+        for v in lv["variants"]:
+            status = v.get("status", "-") + (f": {v['reason'][:80]}" if v.get("reason") else "")
+            lines.append(f"| {v['variant']} | {v['changes']} | {status} | {_f(v.get('workers'), '{}')} | "
+                         f"{_f(v.get('images_per_s'), '{:.0f}')} | {_f(v.get('ratio_to_baseline'), '{:.2f}')} | "
+                         f"{_f(v.get('ratio_to_bare_step'), '{:.2f}')} |")
+        for v in lv["variants"]:
+            prof = v.get("profile")
+            if not prof:
+                continue
+            lines += ["", f"### profile of `{v['variant']}` ({prof['iterations']} iterations, ms per iteration)", "",
+                      "| top self CPU op | ms | top self CUDA op | ms |", "|---|---|---|---|"]
+            cpu, dev = prof.get("top_self_cpu", [])[:8], prof.get("top_self_cuda", [])[:8]
+            for i in range(max(len(cpu), len(dev))):
+                c = cpu[i] if i < len(cpu) else {}
+                d = dev[i] if i < len(dev) else {}
+                lines.append(f"| {c.get('op', '')[:60]} | {_f(c.get('self_cpu_ms_per_iter'))} | "
+                             f"{d.get('op', '')[:60]} | {_f(d.get('self_cuda_ms_per_iter'))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -577,7 +695,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.path.join(REPO, "gpu_check"), help="output folder (default gpu_check/)")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: checks the code, measures nothing")
-    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
+    p.add_argument("--sections", default=None,
+                   help="comma-separated subset of " + ",".join(SECTIONS) + " (default: on a GPU "
+                        + ",".join(DEFAULT_SECTIONS) + "; in a dry run all of them)")
     p.add_argument("--fashion-mnist", default=FASHION_MNIST, help="folder of the four Fashion-MNIST .gz files")
     p.add_argument("--demo-args", default="", help="extra options of tools/demo.py, e.g. '--epochs 5'")
     p.add_argument("--demo-seeds", default="",
@@ -587,10 +707,16 @@ def main(argv=None):
                    help="time limit of each section, seconds (default: per section, see LIMITS)")
     p.add_argument("--child", choices=SECTIONS, help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.add_argument("--child-limit", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         fn = RUNNERS[args.child]
-        res = fn(args.dry_run, args.fashion_mnist, args.demo_args, args.demo_seeds) if args.child == "demo" else fn(args.dry_run)
+        if args.child == "demo":
+            res = fn(args.dry_run, args.fashion_mnist, args.demo_args, args.demo_seeds)
+        elif args.child in ("loop_variants", "flagship"):
+            res = fn(args.dry_run, args.child_limit)
+        else:
+            res = fn(args.dry_run)
         with open(args.child_out, "w") as f:
             json.dump(res, f)
         return 0
@@ -598,7 +724,8 @@ def main(argv=None):
         parse_seeds(args.demo_seeds)
     except ValueError:
         p.error(f"--demo-seeds takes comma-separated integers, got {args.demo_seeds!r}")
-    names = [s.strip() for s in args.sections.split(",") if s.strip()]
+    sections = args.sections if args.sections is not None else ",".join(SECTIONS if args.dry_run else DEFAULT_SECTIONS)
+    names = [s.strip() for s in sections.split(",") if s.strip()]
     bad = [s for s in names if s not in SECTIONS]
     if bad:
         p.error(f"unknown section {bad[0]!r}; choose from {', '.join(SECTIONS)}")

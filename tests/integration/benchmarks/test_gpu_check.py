@@ -6,6 +6,7 @@ interpreter and torch, every ratio against the two times it is made of, the "bou
 verdict against the two rates, and a section that runs out of time recorded as an error
 while the sections not re-run are kept."""
 import json
+import math
 import subprocess
 import sys
 
@@ -14,7 +15,8 @@ import pytest
 from testkit import REPO, launcher_env
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
-SECTIONS = ("sinkhorn", "train_step", "pretrain", "input_pipeline", "demo")
+SECTIONS = ("sinkhorn", "train_step", "step_variants", "pretrain", "input_pipeline", "loop_variants", "flagship",
+            "demo")
 
 
 def _run(out, *extra, timeout=3000):  # a bound for a hang, not a speed requirement
@@ -62,6 +64,88 @@ def test_dry_run_measures_every_section(dry_run):
     assert b["step_images_per_s"] == pytest.approx(t["ours_images_per_s"])
     assert b["input_images_per_s"] == pytest.approx(doc["results"]["input_pipeline"]["steady_images_per_s"])
     assert b["bound_by"] == ("input pipeline" if b["input_images_per_s"] < b["step_images_per_s"] else "GPU step")
+
+
+def _positive(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def test_loop_variants_record(dry_run):
+    """VISSL's real loop per variant: every variant ran, was refused as not available (the
+    uint8 crops while the key does not exist) or was skipped for the budget; a variant that ran
+    has a finite positive rate, and its ratios are made of the rates they name."""
+    _, doc, md = dry_run
+    lv = doc["results"]["loop_variants"]
+    names = [v["variant"] for v in lv["variants"]]
+    for name in ("baseline", "replay", "uint8_crops", "hooks_off", "sync_copy", "larc_off", "log_every_1",
+                 "log_every_100"):
+        assert name in names, name
+    assert any(n.startswith("workers_") for n in names)
+    by = {v["variant"]: v for v in lv["variants"]}
+    assert by["baseline"]["status"] == "done" and by["replay"]["status"] == "done"
+    assert _positive(lv["bare_step_ms"]) and _positive(lv["bare_step_images_per_s"])
+    assert lv["bare_step_images_per_s"] == pytest.approx(lv["batch"] * 1e3 / lv["bare_step_ms"])
+    base = by["baseline"]["images_per_s"]
+    assert lv["baseline_images_per_s"] == base
+    for v in lv["variants"]:
+        assert v["status"] in ("done", "not available", "skipped"), (v["variant"], v.get("status"), v.get("error"))
+        if v["status"] != "done":
+            assert v["reason"]
+            continue
+        for key in ("images_per_s", "ms_per_iteration", "timed_s", "wall_s", "ratio_to_baseline", "ratio_to_bare_step"):
+            assert _positive(v[key]), (v["variant"], key, v[key])
+        assert v["timed_iterations"] == v["measure"]
+        assert v["images_per_s"] == pytest.approx(v["batch"] * v["timed_iterations"] / v["timed_s"])
+        assert v["ratio_to_baseline"] == pytest.approx(v["images_per_s"] / base)
+        assert v["ratio_to_bare_step"] == pytest.approx(v["images_per_s"] / lv["bare_step_images_per_s"])
+    # each override reached the run it names
+    assert by["workers_0"]["workers"] == 0 and by["workers_2"]["workers"] == 2
+    for name in ("baseline", "replay"):
+        prof = by[name]["profile"]
+        assert prof["top_self_cpu"] and all(_positive(r["self_cpu_ms_per_iter"]) for r in prof["top_self_cpu"][:3])
+    # the loader's wait is one of the baseline's ops, and absent once the batch is replayed
+    ops = lambda name: " ".join(r["op"] for r in by[name]["profile"]["top_self_cpu"])  # noqa: E731
+    assert "DataLoader" not in ops("replay")
+    assert "## loop_variants: VISSL's training loop" in md and "| replay |" in md
+
+
+def test_step_variants_record(dry_run):
+    _, doc, _ = dry_run
+    sv = doc["results"]["step_variants"]
+    assert set(sv["variants"]) == {"vissl", "ours", "ours_channels_last", "ours_cudnn_benchmark", "ours_foreach_larc"}
+    ref = sv["variants"]["vissl"]
+    for name, v in sv["variants"].items():
+        assert _positive(v["ms"]) and _positive(v["images_per_s"]), name
+        assert v["ratio_to_vissl"] == pytest.approx(v["ms"] / ref["ms"])
+        assert v["losses_finite"], name
+        # same weights and batch: equal first losses, to fp16 autocast's precision
+        assert v["first_loss"] == pytest.approx(ref["first_loss"], rel=2e-3), name
+    # the candidate LARC changes no arithmetic of the step's first loss (same model, same batch)
+    assert sv["variants"]["ours_foreach_larc"]["first_loss"] == sv["variants"]["ours"]["first_loss"]
+    assert sv["use_larc"] is True
+
+
+def test_flagship_record(dry_run):
+    _, doc, _ = dry_run
+    f = doc["results"]["flagship"]
+    assert f["config"] == "pretrain/swav/swav_8node_resnet"
+    assert f["use_larc"] is True and f["iterations"] > 1 and f["status"] == "done"
+    assert f["loss_finite"] and not f["nonfinite_guard_fired"]
+    for key in ("loss_first", "loss_last", "images_per_s", "wall_s"):
+        assert _positive(f[key]), key
+
+
+def test_default_gpu_sections_fit_one_call():
+    """A GPU run without --sections fits one call of at most 10 minutes: its sections' limits
+    add up to at most 9 minutes (the rest: installing the bundle)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_limits", SCRIPT)
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    assert set(gc.DEFAULT_SECTIONS) <= set(gc.SECTIONS) == set(SECTIONS)
+    assert sum(gc.LIMITS[s][0] for s in gc.DEFAULT_SECTIONS) <= 540
+    assert {"loop_variants", "flagship", "step_variants"} <= set(gc.DEFAULT_SECTIONS)
 
 
 def test_markdown_names_the_machine(dry_run):
