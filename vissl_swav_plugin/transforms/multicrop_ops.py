@@ -229,15 +229,12 @@ def to_rgb_crops(crops: Sequence[Image.Image], flips: Sequence[bool]) -> List[Im
     return out
 
 
-def to_uint8_tensors(
-    crops: Sequence[Image.Image], flips: Sequence[bool], size_groups: Dict[int, List[int]]
-) -> List[torch.Tensor]:
-    """``RandomHorizontalFlip`` + the copy into ``uint8`` tensors ``[3, s, s]`` (an ``L`` crop
-    in all three channels): what the workers send with ``DEVICE_AUGMENT`` (the same copy as
-    :func:`to_normalized_tensors`, without the float conversion; views of one batch per size)."""
-    out: List[Optional[torch.Tensor]] = [None] * len(crops)
+def _crop_batches(crops, flips, size_groups, dtype):
+    """``RandomHorizontalFlip`` + the copy of every crop into one ``[n, 3, s, s]`` batch of
+    ``dtype`` per side (an ``L`` crop in all three channels): ``[(batch, crop indices)]``."""
+    out = []
     for s, idx in size_groups.items():
-        batch = torch.empty((len(idx), 3, s, s), dtype=torch.uint8)
+        batch = torch.empty((len(idx), 3, s, s), dtype=dtype)
         dst = batch.numpy()
         for j, k in enumerate(idx):
             im = crops[k]
@@ -247,10 +244,26 @@ def to_uint8_tensors(
                 a = np.frombuffer(im.tobytes(), np.uint8).reshape(s, s, 3).transpose(2, 0, 1)
             if flips[k]:
                 a = a[:, :, ::-1]
-            np.copyto(dst[j], a)
-        for j, t in zip(idx, batch.unbind(0)):
-            out[j] = t
+            np.copyto(dst[j], a, casting="unsafe")
+        out.append((batch, idx))
     return out
+
+
+def _in_crop_order(batches, n):
+    out: List[Optional[torch.Tensor]] = [None] * n
+    for batch, idx in batches:
+        for k, t in zip(idx, batch.unbind(0)):
+            out[k] = t
+    return out
+
+
+def to_uint8_tensors(
+    crops: Sequence[Image.Image], flips: Sequence[bool], size_groups: Dict[int, List[int]]
+) -> List[torch.Tensor]:
+    """``RandomHorizontalFlip`` + the copy into ``uint8`` tensors ``[3, s, s]`` (an ``L`` crop
+    in all three channels): what the workers send with ``DEVICE_AUGMENT`` (the same copy as
+    :func:`to_normalized_tensors`, without the float conversion; views of one batch per size)."""
+    return _in_crop_order(_crop_batches(crops, flips, size_groups, torch.uint8), len(crops))
 
 
 def to_normalized_tensors(
@@ -280,24 +293,10 @@ def to_normalized_tensors(
     Returns:
         One ``float32`` tensor ``[3, s, s]`` per crop, in the order of ``crops``.
     """
-    out: List[Optional[torch.Tensor]] = [None] * len(crops)
-    for s, idx in size_groups.items():
-        batch = torch.empty((len(idx), 3, s, s), dtype=torch.float32)
-        dst = batch.numpy()
-        for j, k in enumerate(idx):
-            im = crops[k]
-            if im.mode == "L":
-                a = np.frombuffer(im.tobytes(), np.uint8).reshape(1, s, s)
-            else:
-                a = np.frombuffer(im.tobytes(), np.uint8).reshape(s, s, 3).transpose(2, 0, 1)
-            if flips[k]:
-                a = a[:, :, ::-1]
-            np.copyto(dst[j], a, casting="unsafe")
+    batches = _crop_batches(crops, flips, size_groups, torch.float32)
+    for batch, _ in batches:
         if min_std is not None:
             standardize_(batch, min_std, scale=255.0)
         else:
             batch.sub_(offset).mul_(inv)
-        out_views = batch.unbind(0)
-        for j, k in enumerate(idx):
-            out[k] = out_views[j]
-    return out
+    return _in_crop_order(batches, len(crops))
