@@ -1,4 +1,4 @@
-"""Shared by ``tests/integration/compat/test_persistent_workers.py`` and the unit tests of
+"""Shared by ``tests/integration/compat/test_persistent_workers_integration.py`` and the unit tests of
 ``vissl_swav_plugin/compat/persistent_workers.py``: a VISSL data loader of flat gray images with
 a ``multicrop_plugin`` colour warm-up, and a collate function that reports, from *inside* the
 loader worker, its process id and the colour strength its own copy of the transform uses."""

@@ -2,7 +2,7 @@
 workers between epochs unless the key or an uncarried per-epoch object says otherwise, and the
 epoch state taken when an epoch's iterator is built travels with the batches' indices into a
 worker's copy of the dataset.  The tests with real worker processes are in
-``tests/integration/compat/test_persistent_workers.py``.
+``tests/integration/compat/test_persistent_workers_integration.py``.
 
 Independent truths: torch's own DataLoader flag; a deep copy of the dataset standing for a
 worker's copy (pickled as a forkserver / spawn worker gets it); a transform built directly at
