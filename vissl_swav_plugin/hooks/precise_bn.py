@@ -34,6 +34,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from vissl_swav_plugin.utils import distributed
 from vissl_swav_plugin.config.validation import hook_block, register_config_check, require_bool, require_int
 from vissl_swav_plugin.hooks.registry import NoOpHook, register_monitor_hooks
+from vissl_swav_plugin.transforms.device_step import train_batches
 from vissl_swav_plugin.utils.memory_bank import batch_crops
 from vissl_swav_plugin.utils.precision import autocast_disabled
 
@@ -129,7 +130,7 @@ class PreciseBatchNormHook(NoOpHook):
             return
         model = task.base_model
         trunk = getattr(model, "trunk", model)
-        used = recompute_bn_stats(trunk, task.dataloaders["train"], self.num_batches,
+        used = recompute_bn_stats(trunk, train_batches(task), self.num_batches,
                                   device=getattr(task, "device", None))
         logging.info(f"Precise BN: trunk BatchNorm statistics re-estimated on the global crops of {used} "
                      f"training batches (HOOKS.PRECISE_BN)")

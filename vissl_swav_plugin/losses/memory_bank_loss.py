@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from classy_vision.losses import ClassyLoss
 
 from vissl_swav_plugin.losses.clustering_config import ClusteringChecksMixin, infer_clustering_loss_config
+from vissl_swav_plugin.transforms.device_step import train_batches
 from vissl_swav_plugin.utils.distributed import world_size_and_rank
 from vissl_swav_plugin.utils.memory_bank import IGNORE_INDEX, MemoryBank, bank_embeddings, batch_crops, gather_table
 from vissl_swav_plugin.utils.nonfinite import all_finite, raise_non_finite
@@ -219,7 +220,7 @@ class MemoryBankClusteringLoss(ClusteringChecksMixin, ClassyLoss):
         n_batches = 0
         logging.info(f"{self.name}: rank {self.rank}: filling the memory bank with a forward pass")
         self.memory.reset_pointer()
-        for batch in task.dataloaders["train"]:
+        for batch in train_batches(task):  # as the train step sees them (DATA.TRAIN.DEVICE_AUGMENT)
             crops = batch_crops(batch)
             ids = batch["data_idx"][0].view(-1)
             nc = len(crops)

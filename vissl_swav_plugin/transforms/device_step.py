@@ -184,15 +184,32 @@ class _OneBatch:
         return getattr(self.source, name)
 
 
-def device_augment_train_step(task):
-    """VISSL's ``standard_train_step`` on batches augmented on ``task.device`` (module docstring)."""
-    from vissl.trainer.train_steps import get_train_step
-
+def _task_augmenter(task) -> DeviceAugmenter:
     augmenter = getattr(task, "_plugin_device_augmenter", None)
     if augmenter is None:
         augmenter = task._plugin_device_augmenter = augmenter_for(task.config)
         logging.info(f"{TRAIN_STEP_NAME}: config.{KEY}={task.config.DATA.TRAIN.get('DEVICE_AUGMENT', OFF)} on "
                      f"{getattr(task, 'device', 'cpu')}, collator {task.config.DATA.TRAIN.COLLATE_FUNCTION}")
+    return augmenter
+
+
+def train_batches(task):
+    """The training loader's batches as the model sees them, for code that reads the loader
+    outside the train step (precise BN's statistics pass, a memory bank's first pass): with
+    ``DATA.TRAIN.DEVICE_AUGMENT`` on, each batch converted on ``task.device`` as the train step
+    converts it (the loader sends uint8 crops); otherwise the loader itself."""
+    loader = task.dataloaders["train"]
+    if _mode(task.config) == OFF:
+        return loader
+    augmenter, device = _task_augmenter(task), getattr(task, "device", torch.device("cpu"))
+    return (augment_batch(b, augmenter, device) for b in loader)
+
+
+def device_augment_train_step(task):
+    """VISSL's ``standard_train_step`` on batches augmented on ``task.device`` (module docstring)."""
+    from vissl.trainer.train_steps import get_train_step
+
+    augmenter = _task_augmenter(task)
     device = getattr(task, "device", torch.device("cpu"))
     source = task.data_iterator
     task.data_iterator = _OneBatch(source, lambda b: augment_batch(b, augmenter, device) if task.train else b)

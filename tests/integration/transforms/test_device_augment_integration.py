@@ -37,3 +37,42 @@ def test_quick_cpu_trains_with_device_augment(tmp_path, mode):
     rows = [json.loads(line) for line in (ckpt / "stdout.json").read_text().splitlines()]
     assert [r["iter"] for r in rows] == list(range(16 // 4))
     assert all(np.isfinite(r["loss"]) and r["loss"] > 0 for r in rows)
+
+
+def _run(tmp_path, name, overrides):
+    ckpt = tmp_path / name / "ckpt"
+    (tmp_path / name).mkdir()
+    run_launcher([*overrides, "config.DISTRIBUTED.NUM_PROC_PER_NODE=1", f"config.CHECKPOINT.DIR={ckpt}"],
+                 cwd=tmp_path / name, launcher=STOCK_LAUNCHER)
+    losses = [json.loads(line)["loss"] for line in (ckpt / "stdout.json").read_text().splitlines()]
+    final = sorted(ckpt.glob("model_final_checkpoint_phase*.torch"))
+    assert final, sorted(p.name for p in ckpt.iterdir())
+    import torch
+
+    state = torch.load(final[-1], map_location="cpu", weights_only=False)["classy_state_dict"]["base_model"]["model"]
+    bn = {k: v for k, v in state["trunk"].items() if k.endswith(("running_mean", "running_var"))}
+    assert bn
+    return losses, bn
+
+
+@pytest.mark.parametrize("overrides", [
+    # precise BN re-estimates the statistics on the training loader's batches after the last epoch
+    ["config=pretrain/deepcluster_v2/deepclusterv2_quick_cpu", "config.DATA.NUM_DATALOADER_WORKERS=1",
+     "+config.HOOKS.PRECISE_BN.ENABLED=true", "+config.HOOKS.PRECISE_BN.NUM_BATCHES=2"],
+    # DeepCluster-v2 fills its memory bank with a pass over the training loader before training
+    ["config=pretrain/deepcluster_v2/deepclusterv2_quick_cpu", "config.DATA.NUM_DATALOADER_WORKERS=1"],
+], ids=["precise_bn", "deepclusterv2_memory_bank"])
+def test_code_that_reads_the_training_loader_sees_what_the_model_trains_on(tmp_path, overrides):
+    """``normalize`` sends the crops of ``off`` as uint8: a run with it must equal the run
+    without it, losses and the final BatchNorm statistics, also where code of ours reads the
+    training loader outside the train step (it used to get the uint8 crops: precise BN then
+    estimated the statistics of 0-255 inputs and the features were lost)."""
+    import torch
+
+    off_losses, off_bn = _run(tmp_path, "off", overrides)
+    on_losses, on_bn = _run(tmp_path, "normalize", [*overrides, "config.DATA.TRAIN.DEVICE_AUGMENT=normalize"])
+    assert on_losses == off_losses
+    assert off_bn.keys() == on_bn.keys()
+    worst = max((off_bn[k] - on_bn[k]).abs().max().item() for k in off_bn)
+    assert worst <= 1e-5, worst
+    assert all(torch.isfinite(v).all() for v in on_bn.values())
