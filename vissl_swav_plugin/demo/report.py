@@ -166,7 +166,10 @@ def _plot_knn(ax, results, meta):
         spread = results[key].get("range")
         yerr = None
         if spread:
-            yerr = np.array([[v - spread[m][0], spread[m][1] - v] for v, (m, _) in zip(vals, metrics)]).T
+            # clipped at 0: the shown value is rounded, the range's ends are not (one init: both
+            # ends are the value, and a rounding apart)
+            yerr = np.clip(np.array([[v - spread[m][0], spread[m][1] - v] for v, (m, _) in zip(vals, metrics)]).T,
+                           0.0, None)
             allv += [spread[m][0] for m, _ in metrics]
         bars = ax.bar(x + (j - 1) * width, vals, width, label=label, color=color, yerr=yerr, capsize=3,
                       error_kw=dict(lw=0.9, ecolor="#444444"))
