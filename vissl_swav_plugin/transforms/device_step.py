@@ -199,7 +199,8 @@ def train_batches(task):
     ``DATA.TRAIN.DEVICE_AUGMENT`` on, each batch converted on ``task.device`` as the train step
     converts it (the loader sends uint8 crops); otherwise the loader itself."""
     loader = task.dataloaders["train"]
-    if _mode(task.config) == OFF:
+    config = getattr(task, "config", None)  # a task built by VISSL has one; a stand-in may not
+    if config is None or _mode(config) == OFF:
         return loader
     augmenter, device = _task_augmenter(task), getattr(task, "device", torch.device("cpu"))
     return (augment_batch(b, augmenter, device) for b in loader)
