@@ -109,6 +109,15 @@ def compose(overrides):
     return config
 
 
+def write_user_config(cwd, name, body, base="/config/test/swav_plugin/quick_cpu"):
+    """A user's ``configs/config/<name>.yaml`` in ``cwd`` (the working directory's configs come
+    first): ``body`` is the YAML under ``config:``, on top of ``base`` (None: no defaults list)."""
+    folder = Path(cwd) / "configs" / "config"
+    folder.mkdir(parents=True, exist_ok=True)
+    head = "# @package _global_\n" + (f"defaults:\n  - {base}\n" if base else "")
+    (folder / f"{name}.yaml").write_text(head + "config:\n" + body)
+
+
 def _free_port():
     import socket
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testkit import compose
+from testkit import compose, write_user_config
 
 QUICK = "config=test/swav_plugin/quick_cpu"
 L = "config.LOSS.swav_plugin_loss"
@@ -492,10 +492,7 @@ def test_keys_a_plugin_registers_are_accepted(monkeypatch, tmp_path):
 
     monkeypatch.setattr(validation, "_PLUGIN_KEYS", dict(validation._PLUGIN_KEYS))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "configs" / "config").mkdir(parents=True)
-    (tmp_path / "configs" / "config" / "mine.yaml").write_text(
-        "# @package _global_\ndefaults:\n  - /config/test/swav_plugin/quick_cpu\n"
-        "config:\n  MODEL:\n    MY_BLOCK:\n      a: 1\n")
+    write_user_config(tmp_path, "mine", "  MODEL:\n    MY_BLOCK:\n      a: 1\n")
     with pytest.raises(ConfigError, match=r"config\.MODEL\.MY_BLOCK: unknown key 'MY_BLOCK'"):
         compose(["config=mine"])
     register_plugin_config_keys("MODEL.MY_BLOCK", section=True)

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from testkit import compose
+from testkit import compose, write_user_config
 
 QUICK = "config=test/swav_plugin/quick_cpu"
 SIMCLR = "config=vissl/test/integration_test/quick_simclr"
@@ -125,10 +125,8 @@ def test_a_torch_loss_block_from_a_config_file_is_checked_too(tmp_path, monkeypa
     from vissl_swav_plugin.config.validation import ConfigError
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "configs" / "config").mkdir(parents=True)
-    (tmp_path / "configs" / "config" / "mine.yaml").write_text(
-        "# @package _global_\nconfig:\n  LOSS:\n    name: CrossEntropyLoss\n"
-        "    CrossEntropyLoss:\n      ignore_indx: -1\n")
+    write_user_config(tmp_path, "mine", "  LOSS:\n    name: CrossEntropyLoss\n    CrossEntropyLoss:\n"
+                      "      ignore_indx: -1\n", base=None)
     with pytest.raises(ConfigError, match=r"CrossEntropyLoss\.ignore_indx.*did you mean 'ignore_index'"):
         compose(["config=mine"])
 
@@ -175,10 +173,7 @@ def test_the_same_far_key_from_a_config_file_is_still_refused(tmp_path, monkeypa
     from vissl_swav_plugin.config.validation import ConfigError
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "configs" / "config").mkdir(parents=True)
-    (tmp_path / "configs" / "config" / "mine.yaml").write_text(
-        "# @package _global_\ndefaults:\n  - /config/test/swav_plugin/quick_cpu\n"
-        "config:\n  OPTIMIZER:\n    zzz_never_read: 1\n")
+    write_user_config(tmp_path, "mine", "  OPTIMIZER:\n    zzz_never_read: 1\n")
     with pytest.raises(ConfigError, match=r"config\.OPTIMIZER\.zzz_never_read: unknown key"):
         compose(["config=mine"])
     cfg = compose(["config=mine", "+config.KEY_CHECKS.OPEN_SECTIONS=[OPTIMIZER]"])
