@@ -583,6 +583,14 @@ def markdown(doc):
     def row(sec, fig, val, tgt=""):
         lines.append(f"| {sec} | {fig} | {val} | {tgt} |")
 
+    def run_rows(sec, s, what):
+        """The rows of a training run's section (``pretrain``, ``flagship``): losses, checks, speed."""
+        row(sec, f"{what}: loss first -> last",
+            f"{_f(s['loss_first'], '{:.3f}')} -> {_f(s['loss_last'], '{:.3f}')}", "finite, falling")
+        row(sec, "finite / falling / non-finite guard fired",
+            f"{_f(s['loss_finite'])} / {_f(s['loss_falling'])} / {_f(s['nonfinite_guard_fired'])}", "yes / yes / no")
+        row(sec, "images/s", _f(s["images_per_s"], "{:.0f}"))
+
     for name in SECTIONS:
         s = r.get(name)
         if s is None:
@@ -609,11 +617,7 @@ def markdown(doc):
             row(name, f"peak memory MB ours / VISSL ({s['memory_kind']})",
                 f"{_f(s['memory']['ours']['peak_mb'], '{:.0f}')} / {_f(s['memory']['vissl']['peak_mb'], '{:.0f}')}")
         elif name == "pretrain":
-            row(name, f"{s['config']}, {s['iterations']} it, AMP {s['amp']}, {s['data']}: loss first -> last",
-                f"{_f(s['loss_first'], '{:.3f}')} -> {_f(s['loss_last'], '{:.3f}')}", "finite, falling")
-            row(name, "finite / falling / non-finite guard fired",
-                f"{_f(s['loss_finite'])} / {_f(s['loss_falling'])} / {_f(s['nonfinite_guard_fired'])}", "yes / yes / no")
-            row(name, "images/s", _f(s["images_per_s"], "{:.0f}"))
+            run_rows(name, s, f"{s['config']}, {s['iterations']} it, AMP {s['amp']}, {s['data']}")
         elif name == "input_pipeline":
             row(name, f"{s['recipe']}, {s['image_size']}, {s['workers']} workers: images/s",
                 _f(s["steady_images_per_s"], "{:.0f}"))
@@ -629,11 +633,7 @@ def markdown(doc):
                 f"{_f(s['baseline_images_per_s'], '{:.0f}')} / {_f(s['bare_step_images_per_s'], '{:.0f}')}",
                 "table below")
         elif name == "flagship":
-            row(name, f"{s['config']} ({s['overrides']}), batch {s['batch']}, {s['iterations']} it: loss first -> last",
-                f"{_f(s['loss_first'], '{:.3f}')} -> {_f(s['loss_last'], '{:.3f}')}", "finite, falling")
-            row(name, "finite / falling / non-finite guard fired",
-                f"{_f(s['loss_finite'])} / {_f(s['loss_falling'])} / {_f(s['nonfinite_guard_fired'])}", "yes / yes / no")
-            row(name, "images/s", _f(s["images_per_s"], "{:.0f}"))
+            run_rows(name, s, f"{s['config']} ({s['overrides']}), batch {s['batch']}, {s['iterations']} it")
         elif name == "demo":
             row(name, f"tools/demo.py {s['options']}: wall time"
                 + (f" ({s['concurrent_runs']} seeds at once)" if s.get("concurrent_runs", 1) > 1 else ""),

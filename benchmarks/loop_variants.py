@@ -34,6 +34,8 @@ import time
 
 import numpy as np
 
+from bench_train_step import _Replay  # the same batch forever (benchmarks/ is on sys.path: gpu_check, a script)
+
 # --------------------------------------------------------------------------- images
 
 
@@ -113,22 +115,6 @@ class Done(Exception):
 
 class VariantTimeout(Exception):
     """Raised by the ``SIGALRM`` handler when a variant runs past its limit."""
-
-
-class _Replay:
-    """The same batch forever; ``len`` as the loader's (used by ``task.where``)."""
-
-    def __init__(self, batch, length):
-        self.batch, self.length = batch, length
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return self.batch
-
-    def __len__(self):
-        return self.length
 
 
 def _register_replay_step():
