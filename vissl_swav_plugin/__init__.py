@@ -12,8 +12,11 @@ import threading
 __version__ = "0.1.0"
 
 # Modules whose import registers components (losses, heads, hooks, transforms, ...).
-# ``compat`` comes first: its ``apply_all`` imports every patch module (compat/*.py,
-# config.validation, hooks.registry; see ``compat.PATCH_MODULES``) and applies their patches.
+# ``compat`` comes first: its ``apply_all`` imports every patch module (compat/*.py, see
+# ``compat.PATCH_MODULES``) and applies their patches.  Four of them call plugin code through
+# slots (``compat.slots``) that modules of this list provide when imported:
+# ``config.validation``, ``config.vissl_schema``, ``hooks.registry`` and ``checks.run_wide``;
+# they are all imported here before ``register_all`` returns.
 COMPONENT_MODULES = [
     "vissl_swav_plugin.compat",
     "vissl_swav_plugin.config.validation",

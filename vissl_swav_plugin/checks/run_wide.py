@@ -1,11 +1,13 @@
 """Run-wide config checks.  Key-level ones run when a config is composed
-(:func:`~vissl_swav_plugin.config.validation.register_config_check`); the ones that need the
+(:func:`~vissl_swav_plugin.config.registries.register_config_check`); the ones that need the
 whole run -- head against trunk width, dataset size against batch and processes, data
 paths, settings that never act -- run when the run is launched
-(:func:`~vissl_swav_plugin.config.validation.register_launch_check`, patch
-``plugin_launch_checks``), in the launcher process before any worker starts.
+(:func:`~vissl_swav_plugin.config.registries.register_launch_check`, patch
+``plugin_launch_checks``: :mod:`vissl_swav_plugin.compat.launch_checks`, whose slot this
+module fills with :func:`~vissl_swav_plugin.config.registries.run_launch_checks`), in the
+launcher process before any worker starts.
 
-A wrong setting raises :class:`~vissl_swav_plugin.config.validation.ConfigError` naming
+A wrong setting raises :class:`~vissl_swav_plugin.config.checkers.ConfigError` naming
 the key and the values involved; a setting that can never act is logged with
 ``logging.warning``.
 
@@ -41,15 +43,15 @@ import logging
 import os
 from typing import Optional
 
-from vissl_swav_plugin.config.validation import (
-    ConfigError,
-    check_known_keys,
-    register_config_check,
-    register_launch_check,
-    run_launch_checks,
+from vissl_swav_plugin.compat import launch_checks as launch_patch
+from vissl_swav_plugin.config.checkers import ConfigError, check_known_keys
+from vissl_swav_plugin.config.dataset_size import (
+    iterations_per_epoch,
+    samples_per_process,
+    train_dataset_size,
     world_size_of,
 )
-from vissl_swav_plugin.config.dataset_size import iterations_per_epoch, samples_per_process, train_dataset_size
+from vissl_swav_plugin.config.registries import register_config_check, register_launch_check, run_launch_checks
 
 #: VISSL's ResNe(X)t output (``flatten`` / ``res5avg``) per unit of WIDTH_MULTIPLIER
 RESNET_OUT_DIM = 2048
@@ -419,29 +421,5 @@ def check_dataset_lists(cfg) -> None:
             )
 
 
-def install() -> None:
-    """Run :func:`~vissl_swav_plugin.config.validation.run_launch_checks` first in VISSL's
-    ``launch_distributed`` and ``launch_distributed_on_slurm`` (the launcher process, before
-    any worker or SLURM job), through the compat engine (patch ``plugin_launch_checks``:
-    listed by ``compat.applied()``, undone by ``compat.disabled("plugin_launch_checks")``)."""
-    import functools
-
-    from vissl_swav_plugin import compat
-
-    def plugin_launch_checks():
-        from vissl.utils import distributed_launcher as dl
-
-        for attr in ("launch_distributed", "launch_distributed_on_slurm"):
-            inner = compat.raw(dl, attr)
-
-            @functools.wraps(inner)
-            def launch(*args, _inner=inner, **kwargs):
-                run_launch_checks(kwargs["cfg"] if "cfg" in kwargs else args[0])
-                return _inner(*args, **kwargs)
-
-            compat.patch("plugin_launch_checks", dl, attr, launch)
-
-    compat.register(plugin_launch_checks, now=True)
-
-
-install()
+# what the patch plugin_launch_checks calls (compat may not import this layer)
+launch_patch.run_launch_checks.provide(run_launch_checks)

@@ -8,9 +8,9 @@ idempotent function that fixes one documented breakage, applied once per process
 process that imports ``vissl``, spawned / forkserver workers included), listed by
 :func:`applied` and undone for a ``with`` block by :func:`disabled`.  Each module below
 opens with what breaks in VISSL (file and function) and how it is fixed;
-``tests/test_compat.py`` shows each failure with the patch off.
+``tests/unit/compat/test_compat.py`` shows each failure with the patch off.
 
-Patches (in the order they are applied), by module:
+Patches (in the order :func:`names` lists them), by module:
 
 :mod:`.larc`
     ``shim_larc_without_apex`` -- ``OPTIMIZER.use_larc=True`` without NVIDIA apex.
@@ -53,19 +53,26 @@ Patches (in the order they are applied), by module:
 :mod:`.slurm`
     ``shim_slurm_cpu_no_gpus`` -- a SLURM job of a ``MACHINE.DEVICE: cpu`` run asks for no
     GPUs (VISSL asks for ``NUM_PROC_PER_NODE`` per node whatever the device).
-:mod:`vissl_swav_plugin.config.validation`
+:mod:`.config_inference`
     ``plugin_config_inference`` -- VISSL's ``infer_losses_config`` also runs the inference
     and validation of the plugin's losses.
-:mod:`vissl_swav_plugin.config.vissl_schema`
+:mod:`.config_names`
     ``plugin_config_names`` -- VISSL's ``compose_hydra_configuration``: a ``config=`` name
     that no configs folder holds names the closest ones (and the overrides are recorded for
     the check of inferred values).
-:mod:`vissl_swav_plugin.hooks.registry`
+:mod:`.loss_hooks`
     ``plugin_loss_hooks`` -- VISSL's ``add_loss_hooks`` also adds the plugin's loss hooks.
-:mod:`vissl_swav_plugin.checks.run_wide`
+:mod:`.launch_checks`
     ``plugin_launch_checks`` -- VISSL's ``launch_distributed`` / ``launch_distributed_on_slurm``
     first run the plugin's launch checks (head against trunk, dataset size, data paths), in
     the launcher process before any worker starts.
+
+The last four call the plugin's own code (``config``, ``hooks``, ``checks``), which this
+layer may not import: each declares a slot (:mod:`.slots`) that the module above provides
+when :func:`vissl_swav_plugin.register_all` imports it (``config.validation``,
+``config.vissl_schema``, ``hooks.registry``, ``checks.run_wide``); a patched VISSL function
+called while its slot is empty raises ``EmptySlotError``.  They are applied as they are
+imported (``register(now=True)``), before the others, whose replacements wrap theirs.
 
 Checked and found working on this stack (no patch): Hydra 1.3 composition of VISSL's
 configs (``defaults: [_self_, config: ???]``; keys VISSL lacks need ``+``), ``pkg_resources``

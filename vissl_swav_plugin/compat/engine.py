@@ -47,7 +47,11 @@ logger = logging.getLogger(__name__)
 #: Comma-separated patch names (or ``all``) that are not applied in this process.
 SKIP_ENV = "VISSL_SWAV_PLUGIN_COMPAT_SKIP"
 
-#: Modules that register patches, in the order their patches are listed and applied.
+#: Modules that register patches, in the order their patches are listed and applied (all of
+#: them in compat/: the engine imports nothing above compat; a patch that calls the plugin's
+#: own code reaches it through a slot that the module above fills, see :mod:`.slots`).  The
+#: last four register with ``now=True``: they are applied as they are imported, before the
+#: others, so the replacements of the others wrap theirs.
 PATCH_MODULES = [
     "vissl_swav_plugin.compat.larc",
     "vissl_swav_plugin.compat.amp",
@@ -62,10 +66,10 @@ PATCH_MODULES = [
     "vissl_swav_plugin.compat.persistent_workers",
     "vissl_swav_plugin.compat.signals",
     "vissl_swav_plugin.compat.slurm",
-    "vissl_swav_plugin.config.validation",
-    "vissl_swav_plugin.config.vissl_schema",
-    "vissl_swav_plugin.hooks.registry",
-    "vissl_swav_plugin.checks.run_wide",
+    "vissl_swav_plugin.compat.config_inference",
+    "vissl_swav_plugin.compat.config_names",
+    "vissl_swav_plugin.compat.loss_hooks",
+    "vissl_swav_plugin.compat.launch_checks",
 ]
 
 _lock = threading.RLock()

@@ -60,7 +60,6 @@ def broadcast_object(obj, src: int = 0, use_disk: bool = True):
     object it already holds (e.g. the checkpoint it loaded under torch's default rules).
     """
     import torch
-    import torch.distributed as dist
     from classy_vision.generic import distributed_util as du
 
     if not du.is_distributed_training_run():

@@ -1,17 +1,21 @@
-"""How many training samples, samples per process and iterations per epoch a config gives,
-when that is known before the run (no worker, no dataset object): used by the run-wide
-checks (:mod:`vissl_swav_plugin.checks.run_wide`) and by the clustering losses' config
-inference (:mod:`vissl_swav_plugin.losses.clustering_config`).
+"""How many processes (:func:`world_size_of`), training samples, samples per process and
+iterations per epoch a config gives, when that is known before the run (no worker, no
+dataset object): used by the run-wide checks (:mod:`vissl_swav_plugin.checks.run_wide`)
+and by the losses' config inference (:mod:`vissl_swav_plugin.losses.clustering_config`,
+:mod:`vissl_swav_plugin.losses.swav_config`).
 """
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from vissl_swav_plugin.config.validation import world_size_of
-
 #: torchvision's ImageFolder extensions (VISSL's disk_folder source)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def world_size_of(cfg) -> int:
+    """The run's number of processes: ``DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE``."""
+    return int(cfg.DISTRIBUTED.NUM_NODES) * int(cfg.DISTRIBUTED.NUM_PROC_PER_NODE)
 
 
 def train_dataset_size(cfg) -> Optional[int]:

@@ -17,7 +17,8 @@ import logging
 import math
 import numbers
 
-from vissl_swav_plugin.config.validation import ConfigError, register_global_inference
+from vissl_swav_plugin.config.checkers import ConfigError
+from vissl_swav_plugin.config.registries import register_global_inference
 
 KEY = "NORMALIZE"
 SPLITS = ("TRAIN", "TEST")

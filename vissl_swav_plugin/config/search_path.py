@@ -25,7 +25,6 @@ configs the last compositions loaded, for programs and tests.
 import importlib.resources
 import logging
 import os
-import sys
 from pathlib import Path
 from collections import deque
 from typing import List, Optional, Tuple
@@ -51,7 +50,7 @@ def configs_dir() -> Path:
     """Our ``configs`` root: packaged copy (wheel install) or the repository (editable).
 
     Returns:
-        ``vissl_swav_plugin/_configs`` if it holds a ``config`` folder, else the
+        the package's ``_configs`` (a wheel's copy) if it holds a ``config`` folder, else the
         repository's ``configs`` next to the package.
 
     Raises:

@@ -14,7 +14,8 @@ composition (it names the key and the way out):
 * a ``LOSS.swav_loss`` value (``optimization=bs64_4gpu``'s queue) under ``swav_plugin_loss``, which reads
   only ``LOSS.swav_plugin_loss``.
 """
-from vissl_swav_plugin.config.validation import ConfigError, register_config_check
+from vissl_swav_plugin.config.checkers import ConfigError
+from vissl_swav_plugin.config.registries import register_config_check
 
 # VISSL's defaults for the keys of LOSS.swav_loss that its inference does not fill in
 # (vissl/config/defaults.yaml); a value other than these was set by someone and must not be ignored.

@@ -4,7 +4,7 @@ process, before any worker starts).
 * **Unknown keys** (:func:`check_vissl_keys`): a key is known when what reads it knows it.
   VISSL reads the keys its ``vissl/config/defaults.yaml`` defines, so a key that neither
   ``defaults.yaml``, one of VISSL's shipped configs nor one of the plugin's configs defines is
-  a :class:`~vissl_swav_plugin.config.validation.ConfigError` naming the key with the closest
+  a :class:`~vissl_swav_plugin.config.checkers.ConfigError` naming the key with the closest
   known one (the schema: :func:`known_schema`).  Where the reader can be inspected exactly,
   its keys are the known ones: the block ``LOSS.<name>`` of a ``torch.nn`` loss holds the
   constructor's arguments (Classy Vision's ``build_loss`` passes them on;
@@ -21,7 +21,7 @@ process, before any worker starts).
   user's own component may read, is accepted and logged once (``added key config....: read by
   no built-in component; fine if yours reads it``) unless it is a typo of a known key of its
   section (one character away, two for keys of 8 or more:
-  :func:`~vissl_swav_plugin.config.validation.typo_of`): ``+config.OPTIMIZER.nam=sgd`` is still
+  :func:`~vissl_swav_plugin.config.checkers.typo_of`): ``+config.OPTIMIZER.nam=sgd`` is still
   refused naming ``name``.  A key from a config file gets no such leeway.
 * **Switching it off** (:func:`key_check_settings`): ``config.KEY_CHECKS.OPEN_SECTIONS`` (a
   list of dotted sections, ``all`` for every one), ``config.KEY_CHECKS.ENABLED: false``, or the
@@ -48,21 +48,17 @@ import os
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
-from vissl_swav_plugin.config.search_path import plugin_configs_dir, vissl_configs_dir
-from vissl_swav_plugin.config.validation import (
-    ConfigError,
-    added_keys,
-    check_known_keys,
-    composed_overrides,
-    register_config_check,
-    load_yaml as _load_yaml,
+from vissl_swav_plugin.compat import config_names as names_patch
+from vissl_swav_plugin.config.checkers import ConfigError, check_known_keys, typo_of
+from vissl_swav_plugin.config.overrides import added_keys, composed_overrides, remember_overrides
+from vissl_swav_plugin.config.registries import (
     plugin_config_keys,
+    register_config_check,
     register_plugin_config_keys,
     register_pre_inference_check,
-    remember_overrides,
-    typo_of,
-    vissl_defaults,
 )
+from vissl_swav_plugin.config.search_path import plugin_configs_dir, vissl_configs_dir
+from vissl_swav_plugin.config.yaml_files import load_yaml as _load_yaml, vissl_defaults
 
 #: the marker of a leaf in a schema tree
 LEAF = None
@@ -241,7 +237,7 @@ def open_paths() -> frozenset:
 
 #: the plugin's own sections, whose keys its own tables check (``hook_block`` and the
 #: trunk's, the losses' and ``dataset_stats``' checks); other modules add theirs with
-#: :func:`~vissl_swav_plugin.config.validation.register_plugin_config_keys`
+#: :func:`~vissl_swav_plugin.config.registries.register_plugin_config_keys`
 register_plugin_config_keys("HOOKS.PROGRESS", "HOOKS.COLLAPSE_DETECTOR", "HOOKS.ONLINE_KNN", "HOOKS.PRECISE_BN",
                             "MODEL.TRUNK.RESNET_SMALL_PLUGIN", "DATA.TRAIN.NORMALIZE", "DATA.TEST.NORMALIZE",
                             KEY_CHECKS, section=True)
@@ -515,44 +511,17 @@ def closest_config_names(name: str, n: int = 5) -> List[str]:
     return near[:n]
 
 
-def _missing_config_name(overrides) -> Optional[str]:
-    for o in overrides:
-        if isinstance(o, str) and o.startswith("config=") and "," not in o:
-            return o[len("config="):]
-    return None
+def unknown_config_error(name: str) -> UnknownConfigError:
+    """The error for ``config=<name>`` that no configs folder holds, with the closest names
+    (raised by the patch ``plugin_config_names`` on VISSL's ``compose_hydra_configuration``)."""
+    near = closest_config_names(name)
+    hint = f"; closest names: {', '.join(near)}" if near else "; no config has a close name"
+    return UnknownConfigError(
+        f"config={name}: no such config (looked for configs/config/{name}.yaml in the working "
+        f"directory, the plugin's and VISSL's configs){hint}"
+    )
 
 
-def install() -> None:
-    """Wrap ``vissl.utils.hydra_config.compose_hydra_configuration`` (patch
-    ``plugin_config_names``): a ``config=<name>`` Hydra cannot find raises
-    :class:`UnknownConfigError` with the closest names."""
-    from vissl_swav_plugin import compat
-
-    def plugin_config_names():
-        import vissl.utils.hydra_config as hc
-        from hydra.errors import MissingConfigException
-
-        original = compat.raw(hc, "compose_hydra_configuration")
-
-        @functools.wraps(original)
-        def compose_hydra_configuration(overrides):
-            remember_overrides(overrides)
-            try:
-                return original(overrides)
-            except MissingConfigException as e:
-                name = _missing_config_name(overrides)
-                if name is None or f"config/{name}" not in str(e):
-                    raise
-                near = closest_config_names(name)
-                hint = f"; closest names: {', '.join(near)}" if near else "; no config has a close name"
-                raise UnknownConfigError(
-                    f"config={name}: no such config (looked for configs/config/{name}.yaml in the working "
-                    f"directory, the plugin's and VISSL's configs){hint}"
-                ) from e
-
-        compat.patch("plugin_config_names", hc, "compose_hydra_configuration", compose_hydra_configuration)
-
-    compat.register(plugin_config_names, now=True)
-
-
-install()
+# what the patch plugin_config_names calls (compat may not import this layer)
+names_patch.record_overrides.provide(remember_overrides)
+names_patch.unknown_config_error.provide(unknown_config_error)

@@ -68,7 +68,8 @@ import torch
 
 from vissl_swav_plugin.utils import distributed as D
 from vissl_swav_plugin.hooks.collapse_report import collapse_message, epoch_line, run_context
-from vissl_swav_plugin.config.validation import ConfigError, hook_block, register_config_check, require_bool, require_int
+from vissl_swav_plugin.config.checkers import ConfigError, hook_block, require_bool, require_int
+from vissl_swav_plugin.config.registries import register_config_check
 from vissl_swav_plugin.hooks.registry import NoOpHook, register_monitor_hooks
 
 #: the losses whose runs get a detector

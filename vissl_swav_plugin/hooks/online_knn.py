@@ -50,10 +50,15 @@ from typing import List
 
 import torch
 
-from vissl_swav_plugin.config.validation import (
-    ConfigError, hook_block, register_config_check, require_bool, require_int, require_positive_number,
+from vissl_swav_plugin.config.checkers import (
+    ConfigError,
+    hook_block,
+    require_bool,
+    require_int,
+    require_positive_number,
     require_str,
 )
+from vissl_swav_plugin.config.registries import register_config_check
 from vissl_swav_plugin.hooks.registry import NoOpHook, register_monitor_hooks
 from vissl_swav_plugin.transforms.standardize import PerImageStandardize, check_min_std
 

@@ -32,7 +32,8 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from vissl_swav_plugin.utils import distributed
-from vissl_swav_plugin.config.validation import hook_block, register_config_check, require_bool, require_int
+from vissl_swav_plugin.config.checkers import hook_block, require_bool, require_int
+from vissl_swav_plugin.config.registries import register_config_check
 from vissl_swav_plugin.hooks.registry import NoOpHook, register_monitor_hooks
 from vissl_swav_plugin.transforms.device_step import train_batches
 from vissl_swav_plugin.utils.memory_bank import batch_crops

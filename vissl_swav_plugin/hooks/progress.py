@@ -27,9 +27,8 @@ import logging
 import time
 from typing import List
 
-from vissl_swav_plugin.config.validation import (
-    hook_block, register_config_check, require_bool, require_int,
-)
+from vissl_swav_plugin.config.checkers import hook_block, require_bool, require_int
+from vissl_swav_plugin.config.registries import register_config_check
 from vissl_swav_plugin.hooks.registry import NoOpHook, register_monitor_hooks
 
 #: every key of ``config.HOOKS.PROGRESS`` with its default

@@ -1,13 +1,14 @@
 """The hook registry: attaches the plugin's hooks to VISSL's hook generator.
 
 VISSL builds its hook list in ``vissl.hooks.default_hook_generator``, which calls the
-module-level ``vissl.hooks.add_loss_hooks(hooks, loss_cfg, cfg)``.  We wrap that function
-once (:func:`install`) so that, for a loss name registered with
-:func:`register_loss_hooks`, our hooks are appended right after VISSL's own loss hooks
--- i.e. before VISSL's checkpoint hook, which matters for the queue gather.  Nothing else
-of VISSL's hook list changes, so VISSL's stock launcher and any custom launcher that uses
-``default_hook_generator`` get our hooks.  Monitors (:func:`register_monitor_hooks`) are
-asked for hooks in every run, whatever the loss.
+module-level ``vissl.hooks.add_loss_hooks(hooks, loss_cfg, cfg)``.  The patch
+``plugin_loss_hooks`` (:mod:`vissl_swav_plugin.compat.loss_hooks`) wraps that function so
+that :func:`hooks_for_config`, which this module provides when it is imported, appends our
+hooks right after VISSL's own loss hooks -- i.e. before VISSL's checkpoint hook, which
+matters for the queue gather: for a loss name registered with :func:`register_loss_hooks`,
+that loss's hooks.  Nothing else of VISSL's hook list changes, so VISSL's stock launcher and
+any custom launcher that uses ``default_hook_generator`` get our hooks.  Monitors
+(:func:`register_monitor_hooks`) are asked for hooks in every run, whatever the loss.
 
 Each loss's hooks live beside this module (:mod:`.swav_hooks`, :mod:`.memory_bank_hooks`);
 this module imports none of them, so a monitor that registers here imports no loss.
@@ -15,6 +16,8 @@ this module imports none of them, so a monitor that registers here imports no lo
 from typing import Callable, Dict, List
 
 from classy_vision.hooks.classy_hook import ClassyHook
+
+from vissl_swav_plugin.compat import loss_hooks as loss_hooks_patch
 
 _LOSS_HOOK_FACTORIES: Dict[str, Callable] = {}
 
@@ -52,28 +55,6 @@ def hooks_for_config(cfg) -> List[ClassyHook]:
     return hooks
 
 
-def install() -> None:
-    """Wrap ``vissl.hooks.add_loss_hooks`` through the compat engine (patch
-    ``plugin_loss_hooks``: applied now and once per process, listed by
-    ``compat.applied()``, undone by ``compat.disabled("plugin_loss_hooks")``)."""
-    from vissl_swav_plugin import compat
-
-    def plugin_loss_hooks():
-        import vissl.hooks as vh
-
-        original = compat.raw(vh, "add_loss_hooks")
-
-        def add_loss_hooks(hooks, loss_cfg, cfg):
-            hooks = original(hooks, loss_cfg, cfg)
-            hooks.extend(hooks_for_config(cfg))
-            return hooks
-
-        add_loss_hooks.__wrapped__ = original
-        compat.patch("plugin_loss_hooks", vh, "add_loss_hooks", add_loss_hooks)
-
-    compat.register(plugin_loss_hooks, now=True)
-
-
 class NoOpHook(ClassyHook):
     """A ClassyHook whose unimplemented events are no-ops (base of all our hooks)."""
 
@@ -89,4 +70,5 @@ class NoOpHook(ClassyHook):
     on_exception = ClassyHook._noop
 
 
-install()
+# what the patch plugin_loss_hooks calls (compat may not import this layer)
+loss_hooks_patch.hooks_for_config.provide(hooks_for_config)

@@ -8,18 +8,23 @@ name with :func:`~vissl_swav_plugin.hooks.registry.register_loss_hooks`:
   momentum nor weight decay moves them) for the first ``freeze_prototypes_niters``
   iterations.  Parameters are found by module type, whatever DDP/FSDP prefix they carry.
 * :class:`NormalizePrototypesHook` -- L2-normalises each prototype after every update.
-* :class:`TraceHook` -- a debug trace (env ``VISSL_SWAV_PLUGIN_TRACE_DIR``).
+* :class:`~vissl_swav_plugin.hooks.trace.TraceHook` -- a debug trace (env
+  ``VISSL_SWAV_PLUGIN_TRACE_DIR``), in :mod:`vissl_swav_plugin.hooks.trace`.
+
+At every forward pass the assignment hook also stops the run on a NaN / inf model output
+(:func:`~vissl_swav_plugin.utils.nonfinite.guard_finite_model_output`).
 """
 import logging
 import os
 from typing import List
 
-import torch
 from classy_vision.hooks.classy_hook import ClassyHook
 
 from vissl_swav_plugin.hooks.registry import NoOpHook, register_loss_hooks
+from vissl_swav_plugin.hooks.trace import TRACE_ENV, TraceHook
 from vissl_swav_plugin.losses.swav_config import DEFAULTS, QUEUE_DEFAULTS
 from vissl_swav_plugin.models.heads import find_prototype_layers, normalize_prototypes_, prototype_parameters
+from vissl_swav_plugin.utils.nonfinite import guard_finite_model_output
 
 
 def _prototype_layers(task):
@@ -76,31 +81,6 @@ class SwAVAssignmentHook(NoOpHook):
             self._gather(task)
 
 
-def guard_finite_model_output(task) -> None:
-    """Stop with a clear error when the model output (embeddings / prototype scores) is
-    NaN/inf, saving output and input batch.  Runs in ``on_forward`` before VISSL's
-    ``LogLossMetricsCheckpointHook``, which would otherwise write ``model_iteration<N>.torch``
-    with the diverged weights (picked by AUTO_RESUME with CHECKPOINT_ITER_FREQUENCY > 0), and
-    before VISSL 0.1.6's ``CheckNanModelOutputHook``, which fails with ``AttributeError:
-    'CheckNanModelOutputHook' object has no attribute '_checkpoint_model'``."""
-    out = task.last_batch.model_output
-    tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if torch.is_tensor(t)]
-    if not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):
-        return
-    from vissl_swav_plugin.utils.nonfinite import raise_non_finite
-
-    it = int(task.iteration)
-    out_dir = getattr(task.loss, "output_dir", None) or task.checkpoint_folder or "."
-    sample = getattr(task.last_batch, "sample", {}) or {}
-    raise_non_finite(
-        out_dir, it, "model_output", {"model_output": tensors, "input": sample.get("input"), "iteration": it},
-        f"swav_plugin_loss: the model output (embeddings / prototype scores) is NaN or inf at "
-        f"iteration {it}: the training diverged (learning rate too high? fp16 overflow?). No "
-        f"checkpoint was written for this iteration",
-        "model output and input batch",
-    )
-
-
 class FreezePrototypesHook(NoOpHook):
     """Prototypes get no update for the first ``niters`` iterations (paper App. A.1:
     "freeze the prototypes during the first epoch"): their gradient is set to ``None``
@@ -149,51 +129,6 @@ class NormalizePrototypesHook(NoOpHook):
         normalize_prototypes_(_prototype_layers(task))
 
 
-class TraceHook(NoOpHook):
-    """Debug trace (env ``VISSL_SWAV_PLUGIN_TRACE_DIR``): one JSON line per event and rank
-    with the prototypes' checksum and norms and the queue state, to check freezing,
-    normalisation and queue behaviour of a real (multi-process) run from outside."""
-
-    def __init__(self, out_dir: str):
-        super().__init__()
-        self.out_dir = out_dir
-
-    def _write(self, task, event):
-        import json
-        import os
-
-        from vissl_swav_plugin.utils.distributed import rank as _rank
-
-        rec = {"event": event, "iteration": int(task.iteration), "epoch": int(task.train_phase_idx)}
-        protos = prototype_parameters(task.model)
-        if protos:
-            w = protos[0].detach().double()
-            rec["proto_sum"] = float(w.sum())
-            rec["proto_abs_sum"] = float(w.abs().sum())
-            rec["proto_norm_err"] = float((w.norm(dim=1) - 1).abs().max())
-        queue_summary = getattr(task.loss, "queue_summary", None)
-        if queue_summary is not None:
-            rec.update(queue_summary())
-        if event == "update" and task.last_batch is not None and task.last_batch.loss is not None:
-            rec["loss"] = float(task.last_batch.loss)
-        os.makedirs(self.out_dir, exist_ok=True)
-        with open(os.path.join(self.out_dir, f"trace_rank{_rank()}.jsonl"), "a") as f:
-            f.write(json.dumps(rec) + "\n")
-
-    def on_start(self, task) -> None:
-        """Trace the state at the start of the run."""
-        self._write(task, "start")
-
-    def on_update(self, task) -> None:
-        """Trace the state after every update."""
-        self._write(task, "update")
-
-    def on_phase_end(self, task) -> None:
-        """Trace the state at the end of every training epoch."""
-        if task.train:
-            self._write(task, "phase_end")
-
-
 @register_loss_hooks("swav_plugin_loss")
 def swav_hooks(cfg) -> List[ClassyHook]:
     """The hooks of ``swav_plugin_loss`` for ``cfg``: assignment (always), prototype freeze (``freeze_prototypes_niters > 0``), prototype normalisation (``normalize_prototypes``) and the debug trace (env ``VISSL_SWAV_PLUGIN_TRACE_DIR``)."""
@@ -209,7 +144,7 @@ def swav_hooks(cfg) -> List[ClassyHook]:
         hooks.append(FreezePrototypesHook(freeze))
     if loss_cfg.get("normalize_prototypes", DEFAULTS["normalize_prototypes"]):
         hooks.append(NormalizePrototypesHook(freeze))
-    trace_dir = os.environ.get("VISSL_SWAV_PLUGIN_TRACE_DIR")
+    trace_dir = os.environ.get(TRACE_ENV)
     if trace_dir:
         hooks.append(TraceHook(trace_dir))
     return hooks

@@ -1,7 +1,7 @@
 """Config inference and checks of the memory-bank clustering losses (DeepCluster-v2,
 SeLa-v2; see :mod:`vissl_swav_plugin.losses.memory_bank_loss`).
 
-Two moments, both raising :class:`~vissl_swav_plugin.config.validation.ConfigError`
+Two moments, both raising :class:`~vissl_swav_plugin.config.checkers.ConfigError`
 naming the key:
 
 * when a config is composed (every launcher), :func:`infer_clustering_loss_config` fills
@@ -15,16 +15,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from vissl_swav_plugin.config.validation import (
+from vissl_swav_plugin.config.checkers import (
     ConfigError,
     check_known_keys,
-    register_inferred_keys,
-    register_launch_check,
     require_int,
     require_int_list,
     require_positive_number,
-    total_num_crops,
 )
+from vissl_swav_plugin.config.registries import register_inferred_keys, register_launch_check, total_num_crops
 from vissl_swav_plugin.config.dataset_size import train_dataset_size
 from vissl_swav_plugin.transforms.multicrop_config import DEVICE_COLLATOR  # config.DATA.TRAIN.DEVICE_AUGMENT
 from vissl_swav_plugin.models.heads import find_prototype_layers

@@ -19,7 +19,9 @@ the first bank is filled with one forward pass per crop of ``crops_for_mb``.  Op
 Registered components
 ---------------------
 * loss ``deepclusterv2_plugin_loss`` (:class:`DeepClusterV2PluginLoss`);
-* head ``deepclusterv2_plugin_head`` (:class:`DeepClusterV2PluginHead`): the plugin's
+* head ``deepclusterv2_plugin_head``
+  (:class:`~vissl_swav_plugin.models.heads.DeepClusterV2PluginHead`, with the other heads in
+  :mod:`vissl_swav_plugin.models.heads`): the plugin's
   ``swav_plugin_head`` (projection MLP, L2-normalised embedding, one linear prototype
   layer per clustering) whose prototype weights are created with ``requires_grad=False``,
   so DDP and the optimizer never touch them.  At the start of every epoch the loss copies
@@ -37,13 +39,12 @@ from typing import Any, Dict, List
 import torch
 import torch.nn.functional as F
 from classy_vision.losses import register_loss
-from vissl.models.heads import register_model_head
 
 from vissl_swav_plugin.utils.clustering import KMEANS_INITS, spherical_kmeans
 from vissl_swav_plugin.losses.clustering_config import DTYPES, require_choice
-from vissl_swav_plugin.config.validation import ConfigError, register_config_inference, require_bool, require_int
+from vissl_swav_plugin.config.checkers import ConfigError, require_bool, require_int
+from vissl_swav_plugin.config.registries import register_config_inference
 from vissl_swav_plugin.utils.distributed import broadcast_
-from vissl_swav_plugin.models.heads import SwAVPluginHead
 from vissl_swav_plugin.losses.memory_bank_loss import MemoryBankClusteringLoss, infer_clustering_loss_config
 
 #: heads whose prototype layers are frozen, so they can hold the centroids
@@ -162,7 +163,7 @@ class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
     @torch.no_grad()
     def restore_head(self, model) -> None:
         """Copy the centroids into the model's (frozen) prototype layers."""
-        for h, (name, layer) in self.prototype_layers(model).items():
+        for h, (_name, layer) in self.prototype_layers(model).items():
             layer.weight.data.copy_(self.centroids(h).to(layer.weight.device, layer.weight.dtype))
 
 
@@ -171,18 +172,3 @@ class DeepClusterV2PluginLoss(MemoryBankClusteringLoss):
 def infer_deepclusterv2_plugin_loss(cfg):
     """Config inference / checks of ``LOSS.deepclusterv2_plugin_loss`` (any launcher)."""
     return infer_clustering_loss_config(cfg, DeepClusterV2PluginLoss)
-
-
-
-
-@register_model_head("deepclusterv2_plugin_head")
-class DeepClusterV2PluginHead(SwAVPluginHead):
-    """``swav_plugin_head`` whose prototype layers are created frozen
-    (``requires_grad=False``: DDP and the optimizer never see them); the DeepCluster-v2
-    loss copies the k-means centroids into them at every epoch start.  Same arguments
-    and output as ``swav_plugin_head``: ``[normalised embedding, scores_0, ...]``."""
-
-    def __init__(self, model_config, dims, num_clusters, **kwargs):
-        super().__init__(model_config, dims, num_clusters, **kwargs)
-        for layer in self.prototype_layers():
-            layer.weight.requires_grad_(False)

@@ -37,12 +37,8 @@ from classy_vision.losses import register_loss
 
 from vissl_swav_plugin.utils.clustering import sela_assign
 from vissl_swav_plugin.losses.clustering_config import DTYPES, require_choice
-from vissl_swav_plugin.config.validation import (
-    ConfigError,
-    register_config_inference,
-    require_int,
-    require_positive_number,
-)
+from vissl_swav_plugin.config.checkers import ConfigError, require_int, require_positive_number
+from vissl_swav_plugin.config.registries import register_config_inference
 from vissl_swav_plugin.models.heads import find_prototype_layers, normalize_prototypes_
 from vissl_swav_plugin.losses.memory_bank_loss import (
     IGNORE_INDEX,

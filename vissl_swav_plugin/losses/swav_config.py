@@ -3,21 +3,19 @@
 its inference when a config is composed (crops, prototypes and embedding size from the
 transform and the head, the queue's length per process).
 
-The module depends only on :mod:`vissl_swav_plugin.config.validation`'s generic checkers;
+The module depends only on the generic checkers and registries of :mod:`vissl_swav_plugin.config`;
 the loss (:mod:`vissl_swav_plugin.losses.swav_loss`) and the hooks import their tables from here.
 """
-from vissl_swav_plugin.config.validation import (
+from vissl_swav_plugin.config.checkers import (
     ConfigError,
     check_known_keys,
-    register_config_inference,
-    register_inferred_keys,
     require_bool,
     require_int,
     require_int_list,
     require_positive_number,
-    total_num_crops,
-    world_size_of,
 )
+from vissl_swav_plugin.config.dataset_size import world_size_of
+from vissl_swav_plugin.config.registries import register_config_inference, register_inferred_keys, total_num_crops
 from vissl_swav_plugin.transforms.multicrop_config import DEVICE_COLLATOR  # config.DATA.TRAIN.DEVICE_AUGMENT
 
 LOSS_NAME = "swav_plugin_loss"

@@ -1,5 +1,6 @@
 """Projection head + prototypes for SwAV (paper Sec. 3.1, appendix A.1), registered as
-``swav_plugin_head``.
+``swav_plugin_head``, and its DeepCluster-v2 variant with frozen prototypes that hold the
+k-means centroids, ``deepclusterv2_plugin_head`` (:class:`DeepClusterV2PluginHead`).
 
 Output format matches VISSL's ``swav_head`` -- ``[z, z @ C_0^T, z @ C_1^T, ...]`` with ``z``
 the L2-normalised projection -- so VISSL's tooling (feature extraction, linear eval) and
@@ -183,3 +184,16 @@ def normalize_prototypes_(layers: Sequence[nn.Linear]) -> None:
     for layer in layers:
         w = layer.weight
         w.copy_(nn.functional.normalize(w.float(), dim=1, p=2).to(w.dtype))
+
+
+@register_model_head("deepclusterv2_plugin_head")
+class DeepClusterV2PluginHead(SwAVPluginHead):
+    """``swav_plugin_head`` whose prototype layers are created frozen
+    (``requires_grad=False``: DDP and the optimizer never see them); the DeepCluster-v2
+    loss copies the k-means centroids into them at every epoch start.  Same arguments
+    and output as ``swav_plugin_head``: ``[normalised embedding, scores_0, ...]``."""
+
+    def __init__(self, model_config, dims, num_clusters, **kwargs):
+        super().__init__(model_config, dims, num_clusters, **kwargs)
+        for layer in self.prototype_layers():
+            layer.weight.requires_grad_(False)

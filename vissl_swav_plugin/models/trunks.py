@@ -52,7 +52,7 @@ from vissl.models.model_helpers import (
 )
 from vissl.models.trunks import register_model_trunk
 
-from vissl_swav_plugin.config.validation import ConfigError, check_known_keys
+from vissl_swav_plugin.config.checkers import ConfigError, check_known_keys
 
 TRUNK_NAME = "resnet_small_plugin"  # the ``MODEL.TRUNK.NAME`` this module registers
 CONFIG_KEY = "RESNET_SMALL_PLUGIN"  # its section under ``MODEL.TRUNK``
@@ -87,7 +87,7 @@ FEAT_EVAL_MAPPING = {
 
 class TrunkConfigError(ConfigError):
     """A ``MODEL.TRUNK.RESNET_SMALL_PLUGIN`` value is wrong; the message names the key (a
-    :class:`~vissl_swav_plugin.config.validation.ConfigError`, hence a ``ValueError``)."""
+    :class:`~vissl_swav_plugin.config.checkers.ConfigError`, hence a ``ValueError``)."""
 
 
 def _key(name):

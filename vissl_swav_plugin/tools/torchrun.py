@@ -18,7 +18,7 @@ What it does in each process, before any process group exists:
   ``DISTRIBUTED.INIT_METHOD`` / ``RUN_ID`` become ``env`` / torchrun's endpoint
   (:func:`apply_layout`);
 * runs the run-wide launch checks
-  (:func:`~vissl_swav_plugin.config.validation.run_launch_checks`).  Every rank runs them:
+  (:func:`~vissl_swav_plugin.config.registries.run_launch_checks`).  Every rank runs them:
   torchrun's agent, not our code, is the launching process, and a check that failed in
   rank 0 only would leave the ranks of the other nodes waiting in the rendezvous until it
   times out; the checks depend only on the config and the (shared) data paths, so every
@@ -92,7 +92,7 @@ def apply_layout(cfg, layout) -> None:
             ``--nnodes`` / ``--nproc_per_node``; ``COPY_TO_LOCAL_DISK`` is on (VISSL's
             launcher copies once per node, which no process of a torchrun run does).
     """
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     d = cfg.DISTRIBUTED
     if (d.NUM_NODES, d.NUM_PROC_PER_NODE) != (layout["num_nodes"], layout["nproc_per_node"]):
@@ -146,7 +146,8 @@ def main(argv=None):
     from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
     from vissl.utils.logger import setup_logging
 
-    from vissl_swav_plugin.config.validation import ConfigError, run_launch_checks
+    from vissl_swav_plugin.config.checkers import ConfigError
+    from vissl_swav_plugin.config.registries import run_launch_checks
 
     args, cfg = convert_to_attrdict(compose_hydra_configuration(argv), dump_config=layout["rank"] == 0)
     apply_layout(cfg, layout)

@@ -4,7 +4,7 @@
   check of VISSL's schema; on the command line:
   ``config.DATA.TRAIN.DEVICE_AUGMENT=normalize`` (no ``+`` needed: ``compat.amp.PLUGIN_CONFIG_KEYS``).
 * The config inference (every launcher, when the config is composed) checks the value (a
-  :class:`~vissl_swav_plugin.config.validation.ConfigError` naming the key), copies it into the
+  :class:`~vissl_swav_plugin.config.checkers.ConfigError` naming the key), copies it into the
   split's ``multicrop_plugin`` entry (``device_augment``: what the workers send) and sets
   ``TRAINER.TRAIN_STEP_NAME`` to :data:`TRAIN_STEP_NAME` (from ``standard_train_step``) and, for
   ``photometric``, ``DATA.TRAIN.COLLATE_FUNCTION`` to :data:`COLLATOR_NAME` (from
@@ -24,8 +24,9 @@ from typing import Any, Dict, List
 
 import torch
 
-from vissl_swav_plugin.config.validation import ConfigError, register_global_inference, register_plugin_config_keys
-from vissl_swav_plugin.transforms.device_augment import KEY, MODES, NORMALIZE, OFF, PHOTOMETRIC, DeviceAugmenter
+from vissl_swav_plugin.config.checkers import ConfigError
+from vissl_swav_plugin.config.registries import register_global_inference, register_plugin_config_keys
+from vissl_swav_plugin.transforms.device_augment import KEY, MODES, OFF, PHOTOMETRIC, DeviceAugmenter
 from vissl_swav_plugin.transforms.multicrop_config import DEVICE_COLLATOR, TRANSFORM_NAME, check_config_keys
 
 __all__ = ["TRAIN_STEP_NAME", "COLLATOR_NAME", "PARAMS_KEY", "infer_device_augment", "multicrop_device_collator",

@@ -465,7 +465,7 @@ def _register_with_vissl():
     if TRANSFORM_NAME not in copies:
         copies.append(TRANSFORM_NAME)
     try:
-        from vissl_swav_plugin.config.validation import register_crop_counter
+        from vissl_swav_plugin.config.registries import register_crop_counter
     except ImportError:  # pragma: no cover - config_validation is part of the package
         logging.getLogger(__name__).debug("config_validation not available")
         return

@@ -15,7 +15,7 @@ from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-from vissl_swav_plugin.config.validation import ConfigError, check_known_keys
+from vissl_swav_plugin.config.checkers import ConfigError, check_known_keys
 from vissl_swav_plugin.transforms.standardize import DATASET, DEFAULT_MIN_STD, NORMALIZE_MODES, check_min_std
 
 TRANSFORM_NAME = "multicrop_plugin"
@@ -72,7 +72,7 @@ Pair = Tuple[float, float]
 
 class MultiCropConfigError(ConfigError):
     """A ``multicrop_plugin`` parameter is wrong; the message names the key (a
-    :class:`~vissl_swav_plugin.config.validation.ConfigError`, hence a ``ValueError``)."""
+    :class:`~vissl_swav_plugin.config.checkers.ConfigError`, hence a ``ValueError``)."""
 
 
 class MultiCropParams(NamedTuple):

@@ -32,7 +32,7 @@ import torch
 from classy_vision.dataset.transforms import register_transform
 from classy_vision.dataset.transforms.classy_transform import ClassyTransform
 
-from vissl_swav_plugin.config.validation import ConfigError, check_known_keys
+from vissl_swav_plugin.config.checkers import ConfigError, check_known_keys
 
 TRANSFORM_NAME = "per_image_standardize_plugin"
 #: ``multicrop_plugin``'s ``normalize`` values: the reference's dataset mean/std, or per image

@@ -6,6 +6,7 @@ write checkpoints with broken weights.  :func:`raise_non_finite` saves the offen
 tensors to ``<output_dir>/nonfinite_rank<r>_iter<n>_<what>.pth`` (``r`` the process'
 rank, ``n`` the training iteration, ``what`` e.g. ``head0``) and stops the run with
 :class:`NonFiniteLossError`, whose message ends with ``saved to <path>``.
+:func:`guard_finite_model_output` does the same for a training task's model output.
 
 Example::
 
@@ -21,7 +22,7 @@ import torch
 
 from vissl_swav_plugin.utils.distributed import rank
 
-__all__ = ["NonFiniteLossError", "all_finite", "nonfinite_dump_path", "raise_non_finite"]
+__all__ = ["NonFiniteLossError", "all_finite", "guard_finite_model_output", "nonfinite_dump_path", "raise_non_finite"]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -71,3 +72,30 @@ def raise_non_finite(
     path = nonfinite_dump_path(output_dir, iteration, what)
     torch.save(_to_cpu(tensors), path)
     raise NonFiniteLossError(f"{problem}; {saved} saved to {path}")
+
+
+def guard_finite_model_output(task) -> None:
+    """Stop with a clear error when the model output (embeddings / prototype scores) is
+    NaN/inf, saving output and input batch (:func:`raise_non_finite`, named
+    ``model_output``).  ``task`` is a VISSL / Classy Vision task, read by attribute only
+    (``last_batch.model_output``, ``last_batch.sample``, ``iteration``, ``loss.output_dir``,
+    ``checkpoint_folder``): no VISSL import.  The SwAV assignment hook
+    (:mod:`vissl_swav_plugin.hooks.swav_hooks`) calls it in ``on_forward``, before VISSL's
+    ``LogLossMetricsCheckpointHook``, which would otherwise write ``model_iteration<N>.torch``
+    with the diverged weights (picked by AUTO_RESUME with CHECKPOINT_ITER_FREQUENCY > 0), and
+    before VISSL 0.1.6's ``CheckNanModelOutputHook``, which fails with ``AttributeError:
+    'CheckNanModelOutputHook' object has no attribute '_checkpoint_model'``."""
+    out = task.last_batch.model_output
+    tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if torch.is_tensor(t)]
+    if not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):
+        return
+    it = int(task.iteration)
+    out_dir = getattr(task.loss, "output_dir", None) or task.checkpoint_folder or "."
+    sample = getattr(task.last_batch, "sample", {}) or {}
+    raise_non_finite(
+        out_dir, it, "model_output", {"model_output": tensors, "input": sample.get("input"), "iteration": it},
+        f"swav_plugin_loss: the model output (embeddings / prototype scores) is NaN or inf at "
+        f"iteration {it}: the training diverged (learning rate too high? fp16 overflow?). No "
+        f"checkpoint was written for this iteration",
+        "model output and input batch",
+    )

@@ -57,7 +57,7 @@ def _larc_reference(params, grads, groups, tc, clip, eps, momentum, steps):
     p = [np.array(x, np.float64) for x in params]
     buf = [None] * len(p)
     for s in range(steps):
-        for i, (lr, wd, members) in enumerate(groups):
+        for lr, wd, members in groups:
             for j in members:
                 if grads[s][j] is None:
                     continue

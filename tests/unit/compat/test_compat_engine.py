@@ -1,6 +1,8 @@
 """The one patch engine (vissl_swav_plugin/compat/engine.py): every host patch of the plugin
 is registered there, applied once per process, listed, undoable, and switchable off with
-VISSL_SWAV_PLUGIN_COMPAT_SKIP; its import hook is the one the start-up .pth file arms."""
+VISSL_SWAV_PLUGIN_COMPAT_SKIP; its import hook is the one the start-up .pth file arms.  Every
+patch module is in compat/; the patches that call the plugin's own code reach it through
+slots (compat/slots.py) that the upper layers fill."""
 import logging
 import sys
 import types
@@ -9,7 +11,7 @@ import pytest
 
 import vissl  # noqa: F401  (registers the plugin: every patch applied)
 from vissl_swav_plugin import compat
-from vissl_swav_plugin.compat import engine
+from vissl_swav_plugin.compat import engine, slots
 
 HOST_SHIMS = [
     "shim_larc_without_apex", "shim_native_amp", "shim_syncbn_without_apex",
@@ -179,3 +181,95 @@ def test_after_import_runs_callbacks_once_after_the_import(tmp_path, monkeypatch
     finally:
         sys.modules.pop("toy_after_import_test", None)
         engine._finder.callbacks.pop("toy_after_import_test", None)
+
+
+# --------------------------------------------------------------------------------------
+# compat holds every patch, and reaches the plugin's own code only through slots
+# --------------------------------------------------------------------------------------
+#: the patches that call the plugin's code: (patch, its compat module, the slots, their provider)
+SLOTTED = [
+    ("plugin_config_inference", "config_inference", ["inference"], "vissl_swav_plugin.config.validation"),
+    ("plugin_config_names", "config_names", ["record_overrides", "unknown_config_error"],
+     "vissl_swav_plugin.config.vissl_schema"),
+    ("plugin_loss_hooks", "loss_hooks", ["hooks_for_config"], "vissl_swav_plugin.hooks.registry"),
+    ("plugin_launch_checks", "launch_checks", ["run_launch_checks"], "vissl_swav_plugin.checks.run_wide"),
+]
+
+
+def test_every_patch_module_is_in_compat():
+    """The engine imports (by name) only modules of compat/, in a fixed order: the patches
+    that call the plugin's own code come last in the list, keeping their names."""
+    assert all(m.startswith("vissl_swav_plugin.compat.") for m in compat.PATCH_MODULES), compat.PATCH_MODULES
+    assert compat.PATCH_MODULES[-4:] == [f"vissl_swav_plugin.compat.{m}" for _, m, _, _ in SLOTTED]
+    assert compat.names()[-4:] == [p for p, _, _, _ in SLOTTED]
+    for name, module, _, _ in SLOTTED:
+        assert engine._REGISTRY[name][2].__module__ == f"vissl_swav_plugin.compat.{module}"
+
+
+def _imports(path):
+    """Every module an ``import`` / ``from ... import`` of a source file names (function-level included)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path.name}: relative import"
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("module", [engine, slots])
+def test_the_engine_and_the_slots_import_only_the_standard_library(module):
+    """The engine (loaded by the start-up hook in every Python process) and the slots import
+    nothing of VISSL, of the plugin's upper layers, or of any other package; nor do they
+    name a module of the upper layers as a string to import (``PATCH_MODULES``)."""
+    from pathlib import Path
+
+    imports = _imports(Path(module.__file__))
+    outside = sorted(m for m in imports if m.split(".")[0] not in sys.stdlib_module_names)
+    assert outside == [], f"{module.__name__} imports {outside}"
+
+
+def test_the_slots_are_filled_by_their_providers():
+    for patch_name, module, slot_names, provider in SLOTTED:
+        patch_module = sys.modules[f"vissl_swav_plugin.compat.{module}"]
+        for slot_name in slot_names:
+            slot = getattr(patch_module, slot_name)
+            assert isinstance(slot, slots.Slot) and slot.patch == patch_name and slot.provider == provider
+            assert slot.filled, slot
+            assert slot.get().__module__.startswith(("vissl_swav_plugin.config", "vissl_swav_plugin.hooks",
+                                                      "vissl_swav_plugin.checks"))
+
+
+def test_an_empty_slot_is_a_clear_error_not_a_silent_skip(monkeypatch):
+    """VISSL's add_loss_hooks while hooks.registry has not provided its slot: the call names
+    the patch and the module that provides the slot, instead of leaving the plugin's hooks out."""
+    import vissl.hooks as vh
+    from vissl_swav_plugin.compat import loss_hooks
+
+    monkeypatch.setattr(loss_hooks.hooks_for_config, "_fn", None)
+    with pytest.raises(slots.EmptySlotError, match=r"'plugin_loss_hooks' needs 'hooks_for_config', which "
+                                                   r"vissl_swav_plugin\.hooks\.registry provides"):
+        vh.add_loss_hooks([], None, None)
+    slot = slots.Slot("toy_patch", "toy", "some.module")
+    assert not slot.filled and "empty" in repr(slot)
+    with pytest.raises(slots.EmptySlotError, match="register_all"):
+        slot(1)
+    assert slot.provide(lambda x: x + 1)(1) == 2 and slot(1) == 2 and slot.filled
+
+
+def test_the_slotted_patches_stay_innermost():
+    """They are applied when their modules are imported, before apply_all applies the others,
+    so the other patches of the same function wrap them (as before they moved to compat):
+    e.g. shim_launcher_signals and shim_knn_tool_on_cpu around plugin_launch_checks."""
+    from vissl.utils import distributed_launcher as dl
+
+    for name, _, _, _ in SLOTTED:
+        for _owner, attr, before, _ in engine._PATCHES[name]:
+            assert compat.patched_by(before) is None, f"{name} wraps {compat.patched_by(before)} at {attr}"
+    outer = compat.raw(dl, "launch_distributed")
+    assert compat.patched_by(outer) == "shim_launcher_signals"
+    assert compat.patched_by(compat.original("shim_launcher_signals", dl, "launch_distributed")) == "shim_knn_tool_on_cpu"
+    assert compat.patched_by(compat.original("shim_knn_tool_on_cpu", dl, "launch_distributed")) == "plugin_launch_checks"

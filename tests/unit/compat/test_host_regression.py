@@ -114,7 +114,7 @@ def test_vissl_ssl_transforms_under_pillow():
 # Hydra composition + VISSL's config inference
 # ------------------------------------------------------------------------------------------
 def test_vissl_config_composition_and_inference():
-    from vissl_swav_plugin.config.validation import register_plugin_config_keys
+    from vissl_swav_plugin.config.registries import register_plugin_config_keys
 
     register_plugin_config_keys("MY_PLUGIN_TEST_KEY")  # a key a plugin adds (else: an unknown key)
     config = compose([

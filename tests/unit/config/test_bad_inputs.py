@@ -39,14 +39,14 @@ L = "config.LOSS.swav_plugin_loss"
     ("config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[2048,16]}]]", "MODEL.HEAD.PARAMS"),
 ])
 def test_bad_config_value_names_the_key(override, key):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose([QUICK, override])
 
 
 def test_world_size_not_dividing_the_queue_names_key_and_world_size():
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=r"queue\.queue_length=16 is not divisible by the world size 3"):
         compose([QUICK, "config.DISTRIBUTED.NUM_PROC_PER_NODE=3"])
@@ -55,21 +55,21 @@ def test_world_size_not_dividing_the_queue_names_key_and_world_size():
 # Found by this catalogue, not yet rejected (config_validation.py belongs to the SwAV core;
 # reported).  strict: the day they are fixed these tests fail and the marks must go.
 def test_non_boolean_flag_is_rejected():
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match="use_double_precision"):
         compose([QUICK, f"{L}.use_double_precision=maybe"])
 
 
 def test_infinite_epsilon_is_rejected():
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match="epsilon"):
         compose([QUICK, f"{L}.epsilon=inf"])
 
 
 def test_num_clusters_not_a_list_names_the_key():
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match="num_clusters"):
         compose([QUICK, "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[2048,16],num_clusters:20}]]"])

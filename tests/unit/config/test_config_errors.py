@@ -30,7 +30,7 @@ L = "config.LOSS.swav_plugin_loss"
     ("config.DATA.TRAIN.COLLATE_FUNCTION=default_collate", "COLLATE_FUNCTION"),
 ])
 def test_bad_value_names_the_key(override, key):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose([QUICK, override])
@@ -81,7 +81,7 @@ MC = "{name:multicrop_plugin,num_crops:[2,2],size_crops:[32,16],crop_scales:[[0.
 def test_unknown_key_is_named_with_the_closest_known_key(base, override, path, near):
     import re
 
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(path) + f".*did you mean '{near}'"):
         compose(base + [override])
@@ -90,7 +90,7 @@ def test_unknown_key_is_named_with_the_closest_known_key(base, override, path, n
 def test_demo_trunk_channels_last_bad_value_fails_at_compose():
     """The demo config's trunk block is checked in the launching process: a CHANNELS_LAST that
     is not a boolean is an error naming the key, before any worker starts."""
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=r"config\.MODEL\.TRUNK\.RESNET_SMALL_PLUGIN\.CHANNELS_LAST must be true or false"):
         compose(["config=pretrain/swav/swav_fashion_mnist_cpu", "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.CHANNELS_LAST=yes"])
@@ -104,7 +104,7 @@ def test_demo_trunk_channels_last_bad_value_fails_at_compose():
 def test_a_head_switch_that_is_not_a_bool_fails_at_compose(base, head, key, value):
     """Our heads' on/off parameters are checked in the launching process: a quoted "false"
     (truthy) or a number is an error naming the key, before any worker builds the head."""
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     name = head.split(",")[0]
     with pytest.raises(ConfigError, match=re.escape(f"config.MODEL.HEAD.PARAMS[0] ({name}).{key} must be True or "
@@ -115,7 +115,7 @@ def test_a_head_switch_that_is_not_a_bool_fails_at_compose(base, head, key, valu
 
 def test_the_documented_head_switch_message_is_the_real_one():
     from testkit import REPO
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError) as err:
         compose([QUICK, "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[2048,64,16],num_clusters:[20],"
@@ -129,8 +129,7 @@ def test_constructor_keys_follow_kwargs_to_the_base_head():
     import torch.nn as nn
 
     from vissl_swav_plugin.checks.run_wide import constructor_keys
-    from vissl_swav_plugin.losses.deepcluster_v2 import DeepClusterV2PluginHead
-    from vissl_swav_plugin.models.heads import SwAVPluginHead
+    from vissl_swav_plugin.models.heads import DeepClusterV2PluginHead, SwAVPluginHead
 
     base = constructor_keys(SwAVPluginHead)
     assert {"dims", "num_clusters", "use_bn", "output_bn"} <= base
@@ -153,7 +152,7 @@ def test_constructor_keys_follow_kwargs_to_the_base_head():
 
 
 def test_unknown_key_without_a_near_key_lists_the_known_ones():
-    from vissl_swav_plugin.config.validation import ConfigError, check_known_keys
+    from vissl_swav_plugin.config.checkers import ConfigError, check_known_keys
 
     with pytest.raises(ConfigError, match=r"config\.X\.zzz: unknown key 'zzz'; known keys: \['alpha', 'beta'\]"):
         check_known_keys({"alpha": 1, "zzz": 2}, ["alpha", "beta"], "config.X")
@@ -207,7 +206,7 @@ def test_validation_and_run_time_share_the_defaults(monkeypatch):
     and its hooks: a default changed there changes all three."""
     from vissl_swav_plugin.hooks import swav_hooks as hooks
     from vissl_swav_plugin.losses import swav_loss
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     without = [QUICK, f"~{L}.freeze_prototypes_niters"]
     monkeypatch.setitem(swav_loss.DEFAULTS, "freeze_prototypes_niters", -1)
@@ -231,7 +230,7 @@ def test_validation_and_run_time_share_the_defaults(monkeypatch):
 # --------------------------------------------------------------------------------------
 def launch(overrides):
     """Compose as the launchers do, then run the launch checks (as launch_distributed does)."""
-    from vissl_swav_plugin.config.validation import run_launch_checks
+    from vissl_swav_plugin.config.registries import run_launch_checks
 
     cfg = compose(overrides)
     run_launch_checks(cfg)
@@ -260,7 +259,7 @@ def test_prototypes_frozen_for_the_whole_run_warns(caplog):
 
 @pytest.mark.parametrize("config,name", [(DC, "deepclusterv2_plugin_loss"), (SELA, "selav2_plugin_loss")])
 def test_more_clusters_than_samples_fails(config, name):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=rf"LOSS\.{name}\.num_clusters=\[8, 8, 8\] has 8 clusters but the training "
                                           r"set has 6 samples"):
@@ -269,7 +268,7 @@ def test_more_clusters_than_samples_fails(config, name):
 
 @pytest.mark.parametrize("bs", [0, -4])
 def test_batch_size_below_one_fails(bs):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=rf"config\.DATA\.TRAIN\.BATCHSIZE_PER_REPLICA must be an integer >= 1, got {bs}"):
         compose([QUICK, f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={bs}", f"{L}.queue.queue_length=0"])
@@ -277,7 +276,7 @@ def test_batch_size_below_one_fails(bs):
 
 def test_dataset_smaller_than_a_batch_per_process_fails(tmp_path):
     from testkit import folder_data_overrides, make_image_folder
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     root = make_image_folder(tmp_path / "imgs", classes=2, per_class=3)  # 6 images: 3 per process < 4
     with pytest.raises(ConfigError, match=r"BATCHSIZE_PER_REPLICA=4 is larger than the 6 training samples split over "
@@ -295,7 +294,7 @@ def test_dataset_smaller_than_a_batch_per_process_fails(tmp_path):
      r"\(8 x RESNET_SMALL_PLUGIN\.WIDTH\)"),
 ])
 def test_head_input_must_match_the_trunk_output(base, head, match):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=match):
         launch(base + [f"config.MODEL.HEAD.PARAMS={head}"])
@@ -312,7 +311,7 @@ def test_head_input_must_match_the_trunk_output(base, head, match):
     (",total_num_crops:5", r"'total_num_crops' is 5 but sum\(num_crops\) = 4"),
 ])
 def test_bad_multicrop_parameters_fail_when_composing(extra, match):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     mc = MC.replace(",size_crops:[32,16]", "") if "size_crops" in extra else MC
     mc = mc.replace(",crop_scales:[[0.14,1],[0.05,0.14]]", "") if "crop_scales" in extra else mc

@@ -2,7 +2,6 @@
 at launch, in the launcher process: skipped extensions and files read twice are warnings,
 a directory symlink loop is an error.  The truth is torchvision's own ImageFolder."""
 import os
-from pathlib import Path
 
 import pytest
 from testkit import compose, make_image_folder
@@ -17,7 +16,7 @@ def _torchvision_samples(root):
 
 
 def _launch_checks(root, caplog):
-    from vissl_swav_plugin.config.validation import run_launch_checks
+    from vissl_swav_plugin.config.registries import run_launch_checks
 
     cfg = compose([QUICK, "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", f"config.DATA.TRAIN.DATA_PATHS=[{root}]",
                    "config.DATA.TRAIN.DATA_LIMIT=-1", "config.DATA.TRAIN.DATASET_NAMES=[mine]", f"config.DATA.TRAIN.LABEL_PATHS=[{root}]",
@@ -77,7 +76,7 @@ def test_a_clean_folder_gets_no_warning(tmp_path, caplog):
     ("loop", "."),                               # a "class" folder that is the root itself
 ])
 def test_directory_symlink_loops_are_an_error_naming_the_link(tmp_path, caplog, where, target):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     root = make_image_folder(tmp_path / "d", classes=2, per_class=8)
     link = root / where
@@ -122,7 +121,7 @@ def test_symlink_to_a_folder_outside_the_dataset_is_fine(tmp_path, caplog):
 def test_a_loop_stops_the_launch_before_any_worker(monkeypatch, tmp_path):
     import torch.multiprocessing
     from vissl.utils import distributed_launcher as dl
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     root = make_image_folder(tmp_path / "d", classes=2, per_class=8)
     (root / "class0" / "again").symlink_to(".", target_is_directory=True)

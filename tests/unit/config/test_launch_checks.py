@@ -46,7 +46,7 @@ def _launch_recording(monkeypatch, cfg):
 
 @pytest.mark.parametrize("procs", [1, 2])
 def test_a_vissl_head_fragment_on_resnet50_fails_at_launch_before_any_worker(monkeypatch, tmp_path, procs):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     cfg = compose([f"config={VISSL_HEAD_FRAGMENTS[0]}", f"config.DISTRIBUTED.NUM_PROC_PER_NODE={procs}",
                    f"config.CHECKPOINT.DIR={tmp_path}", "config.MACHINE.DEVICE=cpu"])
@@ -67,7 +67,7 @@ def test_the_slurm_launcher_checks_first(monkeypatch, tmp_path):
     import submitit
     from vissl.utils import distributed_launcher as dl
 
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     submitted = []
     monkeypatch.setattr(submitit, "AutoExecutor", lambda *a, **k: submitted.append(k))
@@ -81,7 +81,7 @@ def test_the_slurm_launcher_checks_first(monkeypatch, tmp_path):
 def test_every_launch_check_is_a_plain_composition_no_op():
     """Each registered launch check raises on its own bad input at launch; composing those
     inputs raises nothing (so tools that only compose are not refused)."""
-    from vissl_swav_plugin.config.validation import launch_checks
+    from vissl_swav_plugin.config.registries import launch_checks
 
     names = {fn.__name__ for fn in launch_checks()}
     assert {"check_head_input_dim", "check_batches_fit_dataset", "check_settings_that_never_act",
@@ -96,7 +96,8 @@ def test_every_launch_check_is_a_plain_composition_no_op():
     (lambda root: root, r"DATA_PATHS\[0\]: disk_folder path .* holds no images in class sub-folders"),
 ])
 def test_data_paths_are_named_at_launch(tmp_path, make, match):
-    from vissl_swav_plugin.config.validation import ConfigError, run_launch_checks
+    from vissl_swav_plugin.config.checkers import ConfigError
+    from vissl_swav_plugin.config.registries import run_launch_checks
 
     path = make(tmp_path)
     (tmp_path / "flat.png").write_bytes(b"")  # a flat folder: no class sub-folder

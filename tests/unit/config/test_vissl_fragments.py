@@ -53,7 +53,7 @@ def test_fragments_are_found():
 @pytest.mark.parametrize("ours", OURS)
 @pytest.mark.parametrize("group,name", CASES)
 def test_fragment_composes_or_names_the_key(group, name, ours):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     frag = _fragment(group, name)
     overrides = [f"config={ours}", f"+config/pretrain/swav/{group}={name}"]

@@ -84,7 +84,7 @@ def test_a_typo_in_any_key_of_defaults_yaml_is_named_with_the_closest_key(quick_
     """Property over every key of VISSL's ``defaults.yaml``: renaming it to a typo fails
     naming the full path of the typo; the suggestion is the original key wherever it is
     the uniquely closest of the section's keys (difflib ratio, computed here)."""
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
     from vissl_swav_plugin.config.vissl_schema import check_vissl_keys, known_schema
 
     node = known_schema()
@@ -122,7 +122,7 @@ def test_a_typo_in_any_key_of_defaults_yaml_is_named_with_the_closest_key(quick_
      "start_value"),
 ])
 def test_a_typo_added_with_plus_fails_when_composing(override, where, near):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=rf"{where.replace('.', chr(92) + '.')}: unknown key .*did you mean '{near}'"):
         compose([QUICK, override])
@@ -196,7 +196,7 @@ def _inferred_truth(key):
     ("num_crops", 2), ("queue.local_queue_length", 3),
 ])
 def test_a_user_value_the_inference_replaces_is_an_error_naming_both(key, value):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     truth = _inferred_truth(key)
     assert truth != value
@@ -226,7 +226,7 @@ def test_output_dir_replaced_by_the_checkpoint_folder_warns(caplog, tmp_path):
                                          ("config=pretrain/sela_v2/selav2_quick_cpu", "selav2_plugin_loss")])
 @pytest.mark.parametrize("key,value", [("num_clusters", [7]), ("embedding_dim", 3)])
 def test_clustering_losses_reject_a_replaced_value(config, loss, key, value):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=rf"config\.LOSS\.{loss}\.{key}={value!r}".replace("[", r"\[").replace("]", r"\]")
                        + " is replaced by the inferred value"):
@@ -273,7 +273,7 @@ O = "config.OPTIMIZER"
     ([f"{O}.name=sgdd"], r"OPTIMIZER\.name='sgdd' is not a registered optimizer \(did you mean 'sgd'\?\)"),
 ])
 def test_out_of_range_optimizer_values_name_key_and_value(overrides, key):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=key):
         compose([QUICK, *overrides])
@@ -292,7 +292,7 @@ def test_boundary_values_of_the_ranges_pass(overrides):
 # -- checks VISSL runs late ------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float8", "fp32", "int8", "bfloat"])
 def test_an_unsupported_amp_dtype_fails_when_composing(dtype):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=rf"config\.MODEL\.AMP_PARAMS\.AMP_DTYPE='{dtype}' is not supported"):
         compose([QUICK, "config.MODEL.AMP_PARAMS.USE_AMP=true", f"config.MODEL.AMP_PARAMS.AMP_DTYPE={dtype}"])
@@ -305,7 +305,7 @@ def test_supported_amp_dtypes_pass(dtype):
 
 @pytest.mark.parametrize("loss", ["swav_loss", "swav_momentum_loss", "dino_loss"])
 def test_vissl_swav_type_loss_with_the_plugin_head_names_the_mismatch_and_the_fix(loss):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=rf"config\.LOSS\.name={loss} \(VISSL's loss\) needs exactly one head, "
                                           r"swav_head.* has \['swav_plugin_head'\]"):
@@ -313,7 +313,7 @@ def test_vissl_swav_type_loss_with_the_plugin_head_names_the_mismatch_and_the_fi
 
 
 def test_swav_loss_with_the_plugin_head_suggests_the_plugin_loss():
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=r"config\.LOSS\.name=swav_plugin_loss"):
         compose([QUICK, "config.LOSS.name=swav_loss"])
@@ -322,7 +322,7 @@ def test_swav_loss_with_the_plugin_head_suggests_the_plugin_loss():
 def test_any_assertion_of_vissl_inference_becomes_a_config_error_with_the_condition():
     """VISSL's swav_loss asserts its collator: the bare AssertionError becomes a ConfigError
     quoting the failed condition (read from VISSL's source)."""
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=r"config\.LOSS\.name='swav_loss' rejects this config: "
                                           r"`.*COLLATE_FUNCTION in \[` is false \(hydra_config\.py:\d+\)"):
@@ -363,7 +363,7 @@ def test_swav_plugin_train_fails_in_the_launcher_before_any_worker(monkeypatch, 
     import torch.multiprocessing
     from vissl.utils import distributed_launcher as dl
 
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
     from vissl_swav_plugin.tools import launch
 
     started = []
@@ -389,7 +389,7 @@ def test_a_head_changed_on_the_command_line_replaces_the_files_stale_value_silen
 def test_a_config_file_whose_value_contradicts_its_own_head_fails(tmp_path, monkeypatch):
     """A user's config file (working directory) with num_prototypes unlike its head's."""
     from vissl_swav_plugin.config.search_path import configs_dir
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     text = (configs_dir() / "config" / "test" / "swav_plugin" / "quick_cpu.yaml").read_text()
     assert "      num_prototypes: [20]\n" in text
@@ -425,7 +425,8 @@ def test_dataset_lists_vissl_would_reject_in_the_workers_fail_at_launch(tmp_path
     bare KeyError / AssertionError / IndexError; the launch check names the key first."""
     from vissl.data.dataset_catalog import get_data_files
 
-    from vissl_swav_plugin.config.validation import ConfigError, run_launch_checks
+    from vissl_swav_plugin.config.checkers import ConfigError
+    from vissl_swav_plugin.config.registries import run_launch_checks
 
     folder = tmp_path / "imgs"
     cfg, _ = _folder_cfg(tmp_path, *[e.replace("{f}", str(folder)) for e in extra])
@@ -438,7 +439,8 @@ def test_dataset_lists_vissl_would_reject_in_the_workers_fail_at_launch(tmp_path
 def test_a_close_registered_dataset_name_is_suggested(tmp_path):
     from vissl.data.dataset_catalog import VisslDatasetCatalog
 
-    from vissl_swav_plugin.config.validation import ConfigError, run_launch_checks
+    from vissl_swav_plugin.config.checkers import ConfigError
+    from vissl_swav_plugin.config.registries import run_launch_checks
 
     cfg, folder = _folder_cfg(tmp_path, "config.DATA.TRAIN.DATASET_NAMES=[my_test_foldr]")
     VisslDatasetCatalog.register_data("my_test_folder", {"train": [str(folder), str(folder)], "val": ["", ""]})
@@ -454,7 +456,7 @@ def test_a_close_registered_dataset_name_is_suggested(tmp_path):
 def test_data_and_label_paths_given_need_no_catalog(tmp_path):
     from vissl.data.dataset_catalog import get_data_files
 
-    from vissl_swav_plugin.config.validation import run_launch_checks
+    from vissl_swav_plugin.config.registries import run_launch_checks
 
     cfg, folder = _folder_cfg(tmp_path, "config.DATA.TRAIN.DATASET_NAMES=[mine]")
     cfg.DATA.TRAIN.LABEL_PATHS = [str(folder)]
@@ -466,7 +468,7 @@ def test_an_unregistered_dataset_fails_in_the_launcher_before_any_worker(monkeyp
     import torch.multiprocessing
     from vissl.utils import distributed_launcher as dl
 
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
     from vissl_swav_plugin.tools import launch
     from testkit import make_image_folder
 
@@ -487,10 +489,11 @@ def test_keys_a_plugin_registers_are_accepted(monkeypatch, tmp_path):
     """A key another plugin adds in a config file is an unknown key until it is registered (with
     ``+`` on the command line it is accepted, test_vissl_stays_open.py); a registered section's
     own keys are left to its consumer."""
-    from vissl_swav_plugin.config import validation
-    from vissl_swav_plugin.config.validation import ConfigError, register_plugin_config_keys
+    from vissl_swav_plugin.config import registries
+    from vissl_swav_plugin.config.checkers import ConfigError
+    from vissl_swav_plugin.config.registries import register_plugin_config_keys
 
-    monkeypatch.setattr(validation, "_PLUGIN_KEYS", dict(validation._PLUGIN_KEYS))
+    monkeypatch.setattr(registries, "_PLUGIN_KEYS", dict(registries._PLUGIN_KEYS))
     monkeypatch.chdir(tmp_path)
     write_user_config(tmp_path, "mine", "  MODEL:\n    MY_BLOCK:\n      a: 1\n")
     with pytest.raises(ConfigError, match=r"config\.MODEL\.MY_BLOCK: unknown key 'MY_BLOCK'"):

@@ -67,7 +67,7 @@ def test_the_torch_losses_are_many():
 def simclr_raw():
     """The composed quick SimCLR config before inference (what the key check sees)."""
     from omegaconf import OmegaConf
-    from vissl.utils.hydra_config import AttrDict, compose_hydra_configuration
+    from vissl.utils.hydra_config import compose_hydra_configuration
 
     return OmegaConf.to_container(compose_hydra_configuration([SIMCLR]))["config"]
 
@@ -85,7 +85,7 @@ def test_a_torch_loss_block_is_checked_against_what_build_loss_accepts(name, sim
     import torch.nn.modules.loss as torch_losses
     from vissl.utils.hydra_config import AttrDict
 
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
     from vissl_swav_plugin.config.vissl_schema import check_vissl_keys
 
     params = [p for p in inspect.signature(getattr(torch_losses, name)).parameters.values()
@@ -113,7 +113,7 @@ def test_a_torch_loss_block_is_checked_against_what_build_loss_accepts(name, sim
 
 
 def test_the_issue_s_torch_loss_typo_names_margin():
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=r"CosineEmbeddingLoss\.margn: unknown key 'margn' \(did you mean 'margin'\?\)"):
         compose([SIMCLR, "config.LOSS.name=CosineEmbeddingLoss", "+config.LOSS.CosineEmbeddingLoss.margn=1"])
@@ -122,7 +122,7 @@ def test_the_issue_s_torch_loss_typo_names_margin():
 def test_a_torch_loss_block_from_a_config_file_is_checked_too(tmp_path, monkeypatch):
     """Not only ``+`` keys: the block of VISSL's own configs that use a torch loss
     (``CrossEntropyLoss``) composes, and a typo in a user's file is refused."""
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     monkeypatch.chdir(tmp_path)
     write_user_config(tmp_path, "mine", "  LOSS:\n    name: CrossEntropyLoss\n    CrossEntropyLoss:\n"
@@ -161,7 +161,7 @@ def test_a_key_added_with_plus_that_is_close_to_nothing_is_accepted_and_logged_o
     ("MACHIN.DEVICE", "MACHINE"),
 ])
 def test_a_key_added_with_plus_that_is_close_to_a_known_key_is_still_an_error(key, near):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=rf"unknown key '[^']+' \(did you mean '{near}'\?\)"):
         compose([SIMCLR, f"+config.{key}=1"])
@@ -170,7 +170,7 @@ def test_a_key_added_with_plus_that_is_close_to_a_known_key_is_still_an_error(ke
 def test_the_same_far_key_from_a_config_file_is_still_refused(tmp_path, monkeypatch):
     """The relaxation is for keys added on purpose on the command line: a key in a config file
     that no component reads is refused as before, and opening its section accepts it."""
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     monkeypatch.chdir(tmp_path)
     write_user_config(tmp_path, "mine", "  OPTIMIZER:\n    zzz_never_read: 1\n")
@@ -182,7 +182,7 @@ def test_the_same_far_key_from_a_config_file_is_still_refused(tmp_path, monkeypa
 
 # -- switching the check off --------------------------------------------------------------------------
 def test_open_sections_switch_off_one_section_only():
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     cfg = compose([QUICK, "+config.KEY_CHECKS.OPEN_SECTIONS=[OPTIMIZER]", "+config.OPTIMIZER.nam=sgd"])
     assert cfg.OPTIMIZER.nam == "sgd"
@@ -203,7 +203,7 @@ def test_the_whole_check_can_be_switched_off_for_a_run(switch):
     ("all", "+config.SEED_VALU=1", None),
 ])
 def test_the_environment_variable_opens_sections(monkeypatch, value, opened, closed):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
     from vissl_swav_plugin.config.vissl_schema import OPEN_SECTIONS_ENV
 
     monkeypatch.setenv(OPEN_SECTIONS_ENV, value)
@@ -221,7 +221,7 @@ def test_the_environment_variable_opens_sections(monkeypatch, value, opened, clo
     ("+config.KEY_CHECKS=off", r"config\.KEY_CHECKS must be a mapping"),
 ])
 def test_a_bad_switch_is_refused_naming_it(override, match):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=match):
         compose([QUICK, override])
@@ -237,7 +237,7 @@ def test_every_one_character_typo_of_a_known_key_added_with_plus_is_refused(monk
     from vissl.utils.hydra_config import AttrDict
 
     from vissl_swav_plugin.config import vissl_schema
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     from test_vissl_sections import DEFAULT_PATHS, _mutations
 

@@ -21,7 +21,7 @@ import yaml
 
 from testkit import REPO, compose
 from vissl_swav_plugin.hooks import collapse as C
-from vissl_swav_plugin.config.validation import ConfigError
+from vissl_swav_plugin.config.checkers import ConfigError
 from vissl_swav_plugin.losses.swav_loss import summarize_codes
 from collapse_cases import (D, FakeLoss, T, drive, fake_task, figures, healthy_scores, make_hook, uniform_scores,)  # noqa: F401  (fixtures and cases shared with the unit part)
 

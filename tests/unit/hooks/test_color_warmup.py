@@ -14,7 +14,7 @@ import vissl  # noqa: F401  (registers the plugin)
 from classy_vision.dataset.transforms import build_transform
 from testkit import compose
 from vissl_swav_plugin.hooks.color_warmup import color_warmup_hooks
-from vissl_swav_plugin.config.validation import ConfigError
+from vissl_swav_plugin.config.checkers import ConfigError
 from color_warmup_cases import sampled  # noqa: F401
 
 MC = dict(num_crops=[2, 3], size_crops=[28, 16], crop_scales=[[0.3, 1.0], [0.1, 0.3]], color_strength=0.5)

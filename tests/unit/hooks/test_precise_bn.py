@@ -72,7 +72,7 @@ def test_hook_acts_at_the_end_of_the_last_training_phase_and_only_on_the_trunk()
 
 
 def test_config_block_unknown_keys_and_default_off():
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
     from vissl_swav_plugin.hooks.registry import hooks_for_config
     from vissl_swav_plugin.hooks.precise_bn import PreciseBatchNormHook
 

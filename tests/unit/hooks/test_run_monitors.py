@@ -4,7 +4,7 @@ SSLTensorboardHook with our configs) and the online kNN (vissl_swav_plugin.hooks
 
 One quick run (config test/swav_plugin/quick_cpu: 2 epochs x 2 iterations, 2 gloo
 processes) serves the three; truths: VISSL's own loss log (stdout.json), the saved
-checkpoints (features recomputed here, the kNN of tests/reference_swav.py) and the definitions.
+checkpoints (features recomputed here, the kNN of tests/helpers/reference_swav.py) and the definitions.
 """
 import re
 
@@ -24,7 +24,7 @@ def test_progress_line_is_not_parsed_as_a_vissl_line_by_the_demo():
 
 
 def test_progress_config_defaults_validation_and_switch(tmp_path):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
     from vissl_swav_plugin.hooks.progress import ProgressHook, progress_config, progress_hooks
 
     cfg = compose(["config=test/swav_plugin/quick_cpu", f"config.CHECKPOINT.DIR={tmp_path}"])
@@ -44,7 +44,7 @@ def test_progress_config_defaults_validation_and_switch(tmp_path):
 
 
 def test_online_knn_config_validation(tmp_path):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
     from vissl_swav_plugin.hooks.online_knn import DEFAULTS, online_knn_config, online_knn_hooks
 
     base = ["config=test/swav_plugin/quick_cpu", f"config.CHECKPOINT.DIR={tmp_path}"]

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from autocast_emulator import AMP_MODES
-from vissl_swav_plugin.losses.deepcluster_v2 import DeepClusterV2PluginHead
-from vissl_swav_plugin.models.heads import SwAVPluginHead
+from vissl_swav_plugin.models.heads import DeepClusterV2PluginHead, SwAVPluginHead
 
 DIMS, K = [32, 48, 16], [20, 7]
 

@@ -60,7 +60,7 @@ def test_output_bn_removes_an_input_independent_offset():
 
 def test_output_bn_is_a_known_head_key():
     """The config check (unknown head keys are errors) accepts the key and points a typo to it."""
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     base = ["config=test/swav_plugin/quick_cpu", "config.MODEL.TRUNK.NAME=resnet_small_plugin",
             "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}"]
