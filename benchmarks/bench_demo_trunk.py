@@ -2,8 +2,9 @@
 one process's batch of the demo's crops, for the trunk settings the demo recipe chose
 between, in one run.
 
-Variants (``resnet_small_plugin`` width 16 and ``swav_plugin_head`` 128-256-64 with 100
-prototypes, as in ``pretrain/swav/swav_fashion_mnist_cpu``):
+Variants (``resnet_small_plugin`` width 16 and the ``swav_plugin_head`` of
+``pretrain/swav/swav_fashion_mnist_cpu``, 128-256-64 with 100 prototypes, read from the config
+with its batch and crops):
 
 * ``r18-nchw-bf16``: the recipe before (ResNet-18, NCHW, bf16 autocast) -- the baseline;
 * ``r18-cl-fp32``:   ResNet-18, ``CHANNELS_LAST: True``, fp32;
@@ -21,14 +22,17 @@ recipe's (``r10-cl-fp32``; > 1: slower than the recipe now).  Threads: ``--threa
 (default 1, the demo's threads per training process on the 2-core machine).
 
 usage: python benchmarks/bench_demo_trunk.py [--batch 64] [--crops 2x28,4x16] [--rounds 8]
-          [--warmup 2] [--threads 1] [--widths 24,32]
+          [--warmup 2] [--threads 1] [--widths 24,32] [--json out.json]
 """
 import argparse
-import statistics
+import functools
 import sys
 import time
 
 import torch
+
+from vissl_swav_plugin.tools import bench_recipes as br
+from vissl_swav_plugin.utils import benchmarking as bm
 
 VARIANTS = {  # name: (DEPTH, CHANNELS_LAST, bf16 autocast, WIDTH)
     "r18-nchw-bf16": (18, False, True, 16),
@@ -40,19 +44,10 @@ BASELINE = "r18-nchw-bf16"
 RECIPE = "r10-cl-fp32"  # the demo's trunk now
 
 
-def build(depth, channels_last, width=16, prototypes=100):
-    """The demo's trunk and head (VISSL's registered classes), seeded alike."""
-    import vissl  # noqa: F401  (registers the plugin)
-    from vissl.config import AttrDict
-    from vissl_swav_plugin.models.heads import SwAVPluginHead
-    from vissl_swav_plugin.models.trunks import ResNetSmallPlugin
-
-    torch.manual_seed(0)
-    cfg = AttrDict({"TRUNK": {"NAME": "resnet_small_plugin", "RESNET_SMALL_PLUGIN": {
-        "DEPTH": depth, "WIDTH": width, "CHANNELS_LAST": channels_last}}, "INPUT_TYPE": "rgb"})
-    trunk = ResNetSmallPlugin(cfg)
-    head = SwAVPluginHead(cfg, dims=[8 * width, 256, 64], num_clusters=[prototypes])
-    return torch.nn.ModuleList([trunk, head])
+@functools.lru_cache(maxsize=None)
+def demo_recipe():
+    """The demo config's recipe (:func:`vissl_swav_plugin.tools.bench_recipes.recipe`)."""
+    return br.recipe(br.DEMO_CONFIG)
 
 
 class Step:
@@ -60,7 +55,7 @@ class Step:
 
     def __init__(self, name, crops, batch, variants=VARIANTS):
         depth, channels_last, self.bf16, width = variants[name]
-        self.model = build(depth, channels_last, width=width)
+        self.model = br.build_trunk_head(demo_recipe(), depth=depth, width=width, channels_last=channels_last)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         g = torch.Generator().manual_seed(1)
         self.inputs = [torch.randn(n * batch, 3, s, s, generator=g) for n, s in crops]
@@ -107,34 +102,39 @@ def with_widths(widths):
 
 
 def main(argv=None):
+    r = demo_recipe()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, default=64, help="images per process (default 64, the demo's)")
-    ap.add_argument("--crops", default="2x28,4x16")
+    ap.add_argument("--batch", type=int, default=r.batch, help=f"images per process (default {r.batch}, the demo's)")
+    ap.add_argument("--crops", default=r.crops_text, help=f"NUMxSIZE,... (default {r.crops_text}, the demo's)")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--widths", default="", help="also time the ResNet-10 (channels-last, fp32) at these "
                     "widths, e.g. 24,32")
+    ap.add_argument("--json", default="", help="also write the figures to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     crops = parse_crops(args.crops)
     variants = with_widths(parse_widths(args.widths))
+    shipped = (r.trunk["DEPTH"], r.trunk["CHANNELS_LAST"], False, r.trunk["WIDTH"])
+    if shipped != VARIANTS[RECIPE]:
+        print(f"bench_demo_trunk: note: {br.DEMO_CONFIG} now ships DEPTH/CHANNELS_LAST/WIDTH "
+              f"{shipped[0]}/{shipped[1]}/{shipped[3]}, not {RECIPE}'s")
     steps = {name: Step(name, crops, args.batch, variants) for name in variants}
-    times = {name: [] for name in variants}
-    order = list(variants)
-    for r in range(args.warmup + args.rounds):
-        for name in (order if r % 2 == 0 else order[::-1]):
-            ms = steps[name]()
-            if r >= args.warmup:
-                times[name].append(ms)
-    base = statistics.median(times[BASELINE])
-    recipe = statistics.median(times[RECIPE])
+    times = bm.alternate(steps, args.rounds, warmup=args.warmup)
+    med = bm.medians(times)
+    base, recipe = med[BASELINE], med[RECIPE]
     print(f"demo training step, batch {args.batch}, crops {args.crops}, {args.threads} thread(s), "
           f"median of {args.rounds} rounds")
     for name in variants:
-        med = statistics.median(times[name])
-        print(f"  {name:16s} {med:8.1f} ms/step   speed-up over {BASELINE}: {base / med:5.2f}x   "
-              f"time / {RECIPE}'s: {med / recipe:5.2f}x")
+        print(f"  {name:16s} {med[name]:8.1f} ms/step   speed-up over {BASELINE}: {base / med[name]:5.2f}x   "
+              f"time / {RECIPE}'s: {med[name] / recipe:5.2f}x")
+    bm.write_json(args.json, bm.record(
+        "bench_demo_trunk", __file__, argv, {k: dict(ms=bm.summary(v), speedup_over_baseline=base / med[k],
+                                                     time_over_recipe=med[k] / recipe) for k, v in times.items()},
+        config=br.DEMO_CONFIG, batch=args.batch, crops=args.crops, rounds=args.rounds, warmup=args.warmup,
+        threads=args.threads, variants={k: dict(zip(("depth", "channels_last", "bf16", "width"), v))
+                                        for k, v in variants.items()}))
     return 0
 
 

@@ -2,34 +2,30 @@
 photometric: what the loader workers send, how long they take, and how long the device side takes.
 
 Images: generated photographs-like JPEGs (smooth colour fields, edges, texture, noise; quality
-90), 400-500 px a side, decoded in the timed loop as a worker decodes them.  Recipe 2x224 + 6x96
-(``multicrop_plugin`` defaults: jitter 0.8, grayscale 0.2, blur 0.5).  Worker side: decode +
+90), 400-500 px a side, decoded in the timed loop as a worker decodes them.  Recipe 2x224 + 6x96:
+the ``multicrop_plugin`` transform of ``pretrain/swav/swav_1gpu_resnet``, read from the config.  Worker side: decode +
 ``multicrop_plugin`` (with the mode's ``device_augment``) + VISSL's collator, single thread as in a
 DataLoader worker.  Device side: :class:`vissl_swav_plugin.transforms.device_augment.DeviceAugmenter`
 on the collated batch, on the CPU (``--cpu-threads`` threads) and on CUDA when available
-(synchronised).  Rounds alternate between the modes (so machine load hits each alike); the
-figures are medians over rounds.
+(synchronised).  Rounds alternate between the modes (so machine load hits each alike; one round
+of warm-up first, dropped); the figures are medians over rounds.
 
 usage: python benchmarks/bench_device_augment.py [--batch 64] [--rounds 5] [--json out.json]
 prints, per mode, MB per batch, worker ms per batch, device ms per batch, and the ratios to ``off``.
 """
 import argparse
-import datetime
 import io
-import json
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 
 import numpy as np
 import torch
 from PIL import Image
 
+from vissl_swav_plugin.tools import bench_recipes as br
+from vissl_swav_plugin.utils import benchmarking as bm
+
 MODES = ("off", "normalize", "photometric")
-RECIPE = dict(num_crops=[2, 6], size_crops=[224, 96], crop_scales=[[0.14, 1.0], [0.05, 0.14]], total_num_crops=8)
 
 
 def make_jpegs(n, seed=0):
@@ -88,18 +84,6 @@ def device_time(augmenter, batch, device):
     return time.perf_counter() - t0
 
 
-def machine():
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        cpu = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "")
-    except OSError:
-        cpu = platform.processor()
-    m = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
-    if torch.cuda.is_available():
-        m["card"] = torch.cuda.get_device_name(0)
-    return m
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=64, help="images per batch (default 64)")
@@ -113,37 +97,39 @@ def main(argv=None):
     from vissl_swav_plugin.transforms.device_step import augmenter_for_transform, multicrop_device_collator
     from vissl_swav_plugin.transforms.multicrop import MultiCropPlugin
 
+    transform = br.recipe(br.PAPER_CONFIG).transform
     jpegs = make_jpegs(args.batch)
-    transforms = {m: MultiCropPlugin(**RECIPE, device_augment=m) for m in MODES}
+    transforms = {m: MultiCropPlugin(**{k: v for k, v in transform.items() if k != "name"}, device_augment=m)
+                  for m in MODES}
     collate = {"off": multicrop_collator, "normalize": multicrop_collator, "photometric": multicrop_device_collator}
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    worker = {m: [] for m in MODES}
-    dev = {(m, d.type): [] for m in MODES for d in devices}
-    nbytes = {}
-    for r in range(args.rounds + 1):  # round 0 warms up (allocators, CUDA context, caches)
-        for m in MODES:
-            torch.set_num_threads(1)
-            np.random.seed(r)
-            t0 = time.perf_counter()
-            batch = worker_batch(transforms[m], collate[m], jpegs)
-            wt = time.perf_counter() - t0
-            nbytes[m] = batch_bytes(batch)
-            torch.set_num_threads(args.cpu_threads)
-            aug = augmenter_for_transform(transforms[m])
-            for d in devices:
-                dt = device_time(aug, batch, d) if m != "off" else 0.0
-                if r:
-                    dev[(m, d.type)].append(dt)
-            if r:
-                worker[m].append(wt)
+    nbytes, calls = {}, dict.fromkeys(MODES, 0)
+
+    def one_batch(m):
+        """The worker's batch of mode ``m``, then its device side on each device: their seconds."""
+        torch.set_num_threads(1)
+        np.random.seed(calls[m])  # the k-th batch of every mode draws alike
+        calls[m] += 1
+        t0 = time.perf_counter()
+        batch = worker_batch(transforms[m], collate[m], jpegs)
+        wt = time.perf_counter() - t0
+        nbytes[m] = batch_bytes(batch)
+        torch.set_num_threads(args.cpu_threads)
+        aug = augmenter_for_transform(transforms[m])
+        return wt, {d.type: device_time(aug, batch, d) if m != "off" else 0.0 for d in devices}
+
+    # round 0 warms up (allocators, CUDA context, caches)
+    times = bm.alternate({m: (lambda m=m: one_batch(m)) for m in MODES}, args.rounds, warmup=1)
+    worker = {m: [t[0] for t in v] for m, v in times.items()}
     res = {}
     for m in MODES:
         res[m] = {"mb_per_batch": nbytes[m] / 1e6, "worker_ms_per_batch": 1e3 * statistics.median(worker[m]),
                   "worker_ms_all_rounds": [round(1e3 * v, 1) for v in worker[m]]}
         for d in devices:
-            res[m][f"device_ms_per_batch_{d.type}"] = 1e3 * statistics.median(dev[(m, d.type)])
+            res[m][f"device_ms_per_batch_{d.type}"] = 1e3 * statistics.median(t[1][d.type] for t in times[m])
     off = res["off"]
-    print(f"batch {args.batch}, 2x224+6x96, {args.rounds} rounds (medians); {machine()['cpu']}")
+    m_info = bm.machine()
+    print(f"batch {args.batch}, {'+'.join(f'{n}x{s}' for n, s in br.crops_of(transform))}, {args.rounds} rounds (medians); {m_info['cpu']}")
     for m in MODES:
         r = res[m]
         line = (f"{m:12s} {r['mb_per_batch']:8.1f} MB/batch ({off['mb_per_batch'] / r['mb_per_batch']:.2f}x fewer)  "
@@ -151,14 +137,9 @@ def main(argv=None):
         for d in devices:
             line += f"  device[{d.type}] {r[f'device_ms_per_batch_{d.type}']:7.1f} ms"
         print(line)
-    command = "python benchmarks/bench_device_augment.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    record = {"benchmark": "bench_device_augment", "machine": machine(),
-              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "command": command.strip(), "batch": args.batch, "rounds": args.rounds,
-              "cpu_threads_device_side": args.cpu_threads, "results": res}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
+    record = bm.record("bench_device_augment", __file__, argv, res, machine_info=m_info, batch=args.batch,
+                       rounds=args.rounds, cpu_threads_device_side=args.cpu_threads, transform=transform)
+    bm.write_json(args.json, record)
     return record
 
 

@@ -16,39 +16,22 @@ plugin's second (``compat.disabled("shim_persistent_workers")`` gives VISSL's).
 usage: python benchmarks/bench_epoch_pause.py [--workers 8] [--start-method forkserver]
           [--epochs 3] [--images 64] [--batch 4] [--device cpu] [--config test/swav_plugin/quick_cpu]
           [--json out.json]
-       python benchmarks/bench_epoch_pause.py --write-doc docs/experiments/epoch_pause_cpu_2026-11-26.json
-prints the wait per epoch of both and the ratio VISSL / plugin of the pause between epochs.
+prints the wait per epoch of both and the ratio VISSL / plugin of the pause between epochs.  docs/gpu.md's
+table is written from a ``--json`` record in docs/experiments/ by ``tools/doc_tables.py``.
 """
 import argparse
-import datetime
-import json
-import os
-import platform
-import shlex
-import socket
 import statistics
-import sys
 import time
 
 import torch
 
-
-def _process_group():
-    import torch.distributed as dist
-
-    if not dist.is_initialized():  # VISSL's sampler needs a process group (1 process here)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
+from vissl_swav_plugin.tools import bench_recipes as br
+from vissl_swav_plugin.utils import benchmarking as bm
 
 
 def build_loader(args, persistent: bool):
     """VISSL's build_dataset + build_dataloader for ``args.config``, as its trainer calls them;
     ``persistent=False``: with the plugin's patch off (VISSL's own loader)."""
-    import vissl  # noqa: F401  (registers the plugin)
-    from vissl.data import build_dataloader, build_dataset
-    from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
     from vissl_swav_plugin import compat
 
     overrides = [f"config={args.config}", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
@@ -58,19 +41,11 @@ def build_loader(args, persistent: bool):
                  f"config.MACHINE.DEVICE={'gpu' if args.device == 'cuda' else 'cpu'}"]
     if args.start_method:
         overrides.append(f"config.MULTI_PROCESSING_METHOD={args.start_method}")
-    _, cfg = convert_to_attrdict(compose_hydra_configuration(overrides), dump_config=False)
-    dataset = build_dataset(cfg, "TRAIN")
-
-    def build():
-        return build_dataloader(dataset=dataset, dataset_config=cfg.DATA.TRAIN,
-                                num_dataloader_workers=args.workers, pin_memory=args.device == "cuda",
-                                multi_processing_method=cfg.MULTI_PROCESSING_METHOD,
-                                device=torch.device(args.device), sampler_seed=cfg.SEED_VALUE, split="train")
-
+    cfg = br.compose(overrides)
     if persistent:
-        return build(), cfg
+        return br.train_loader(cfg, args.workers, args.device, pin_memory=args.device == "cuda"), cfg
     with compat.disabled("shim_persistent_workers"):
-        return build(), cfg
+        return br.train_loader(cfg, args.workers, args.device, pin_memory=args.device == "cuda"), cfg
 
 
 def time_epochs(loader, epochs):
@@ -90,56 +65,6 @@ def time_epochs(loader, epochs):
     return out
 
 
-def machine(device):
-    from vissl_swav_plugin.utils.cpu_features import cpu_model
-
-    m = {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(), "executable": sys.executable,
-         "torch": torch.__version__, "device": device}
-    if device == "cuda":
-        m["card"] = torch.cuda.get_device_name(0)
-    return m
-
-
-DOC = "docs/gpu.md"
-BEGIN = "<!-- begin table: bench_epoch_pause --write-doc {record} -->"
-END = "<!-- end table: bench_epoch_pause -->"
-
-
-def render_doc(record) -> str:
-    """The Markdown of docs/gpu.md's epoch-pause figures, from a record this script wrote."""
-    m, r = record["machine"], record["results"]
-    command = record["command"].split(" --json")[0]
-    if command.startswith("python "):  # as run in a checkout after make venv
-        command = ".venv/bin/python " + command[len("python "):]
-    head = (f"Measured on {m['cpu']} ({m['cores']} cores; Python {m['python']}, torch {m['torch']}), "
-            f"{record['date'][:10]}, device {record['device']}:\n\n```bash\n{command}\n```\n\n")
-    n = record["epochs"]
-    rows = [f"| loader ({record['workers']} workers, {record['start_method']}) | "
-            + " | ".join(f"epoch {e}" for e in range(n)) + f" | pause between epochs (median of 1-{n - 1}) |",
-            "|---|" + "---|" * (n + 1)]
-    names = {"vissl": "VISSL (fresh workers every epoch)", "plugin": "plugin (persistent workers)"}
-    for kind in ("vissl", "plugin"):
-        rows.append(f"| {names[kind]} | " + " | ".join(f"{t:.2f} s" for t in r[kind]["first_batch_s"])
-                    + f" | {r[kind]['pause_s']:.2f} s |")
-    tail = (f"\n\nThe pause between epochs: {r['vissl']['pause_s']:.2f} s with VISSL's loader, "
-            f"{r['plugin']['pause_s']:.2f} s with the plugin's ({record['ratio_pause_vissl_over_plugin']:.1f}x).")
-    return head + "\n".join(rows) + tail
-
-
-def write_doc(record_path, doc_path=DOC) -> None:
-    """Replace the text between the markers of ``record_path``'s table in ``doc_path``."""
-    import re
-    from pathlib import Path
-
-    begin = BEGIN.format(record=record_path)
-    text = Path(doc_path).read_text()
-    pattern = re.escape(begin) + r"\n(?:.*?\n)?" + re.escape(END)
-    if not re.search(pattern, text, flags=re.S):
-        raise SystemExit(f"{doc_path}: no block between '{begin}' and '{END}'")
-    body = render_doc(json.loads(Path(record_path).read_text()))
-    Path(doc_path).write_text(re.sub(pattern, lambda _: f"{begin}\n{body}\n{END}", text, flags=re.S))
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=8)
@@ -151,11 +76,7 @@ def main(argv=None):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--config", default="test/swav_plugin/quick_cpu")
     p.add_argument("--json", default="", help="also write the figures to this file")
-    p.add_argument("--write-doc", metavar="RECORD", default="",
-                   help=f"measure nothing: rewrite {DOC}'s table of this record (a --json file)")
     args = p.parse_args(argv)
-    if args.write_doc:
-        return write_doc(args.write_doc)
     if args.epochs < 2:
         p.error("--epochs must be at least 2 (the pause is between two epochs)")
     if args.workers < 1:
@@ -166,7 +87,7 @@ def main(argv=None):
         p.error("--device cuda: no CUDA device")
     import logging
 
-    _process_group()
+    br.init_process_group()  # VISSL's sampler needs a process group (1 process here)
     logging.getLogger().setLevel(logging.WARNING)
     res = {}
     for kind, persistent in (("vissl", False), ("plugin", True)):
@@ -179,7 +100,7 @@ def main(argv=None):
         del loader
     method = args.start_method or cfg.MULTI_PROCESSING_METHOD
     ratio = res["vissl"]["pause_s"] / max(res["plugin"]["pause_s"], 1e-9)
-    m = machine(args.device)
+    m = dict(bm.machine(), device=args.device)
     print(f"bench_epoch_pause: {args.config}, {args.images} images, batch {args.batch} "
           f"({res['plugin']['batches']} batches/epoch), {args.workers} workers ({method}), {args.epochs} epochs, "
           f"device {args.device}; {m['cpu']}, {m['cores']} cores")
@@ -189,15 +110,10 @@ def main(argv=None):
         print(f"{names[k]:>36} " + "  ".join(f"{t:7.3f}" for t in res[k]["first_batch_s"]))
     print(f"RATIO pause between epochs VISSL / plugin = {ratio:.1f}x "
           f"({res['vissl']['pause_s']:.3f} s vs {res['plugin']['pause_s']:.3f} s, median of epochs 1-{args.epochs - 1})")
-    result = {"benchmark": "bench_epoch_pause", "machine": m,
-              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "command": "python " + shlex.join(sys.argv if argv is None else ["benchmarks/bench_epoch_pause.py", *argv]),
-              "config": args.config, "workers": args.workers, "start_method": method, "epochs": args.epochs,
-              "images": args.images, "batch": args.batch, "device": args.device,
-              "results": res, "ratio_pause_vissl_over_plugin": ratio}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    result = bm.record("bench_epoch_pause", __file__, argv, res, machine_info=m, config=args.config,
+                       workers=args.workers, start_method=method, epochs=args.epochs, images=args.images,
+                       batch=args.batch, device=args.device, ratio_pause_vissl_over_plugin=ratio)
+    bm.write_json(args.json, result)
     return result
 
 

@@ -10,7 +10,8 @@ Ours = ``vissl_swav_plugin.utils.sinkhorn.sinkhorn_knopp(scores, eps, num_iter)`
 scaling form: two matrix-vector products per iteration).  Both get the same scores: cosine
 similarities of L2-normalised 128-D embeddings and prototypes (values in [-1, 1], as in
 SwAV), B x K.  Rounds alternate ours / theirs so that machine load hits both alike;
-``--warmup`` untimed calls first, then the median over ``--repeats`` rounds.  CPU threads:
+``--warmup`` rounds first (dropped), then the median over ``--repeats`` rounds
+(:mod:`vissl_swav_plugin.utils.benchmarking`).  CPU threads:
 ``torch.set_num_threads(--threads)`` (default: every core of the machine).
 
 Low precision (``--dtypes``): the scores are given in bf16/fp16 (as under autocast).  VISSL
@@ -20,33 +21,18 @@ GPU (``--device cuda``): timed with CUDA events after ``torch.cuda.synchronize()
 
 usage: python benchmarks/bench_sinkhorn.py [--B 4096] [--K 3000] [--iters 3] [--repeats 15]
           [--warmup 3] [--threads N] [--device cpu|cuda] [--dtypes float32,bfloat16,float16]
+          [--json out.json]
 prints ms per call of both, the speed-up theirs/ours (target >= 2) and the max abs
 difference of the codes (sanity: both compute the same thing).
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 
-
-def vissl_path(scores, eps, niters):
-    """VISSL 0.1.6's fp32 path (swav_loss.py + distibuted_sinkhornknopp.py), unmodified."""
-    from classy_vision.generic.distributed_util import all_reduce_max
-    from vissl.losses.distibuted_sinkhornknopp import distributed_sinkhornknopp
-
-    with torch.no_grad():
-        a = scores / eps
-        M = torch.max(a)
-        all_reduce_max(M)
-        a -= M
-        Q = torch.exp(a).t()
-        return distributed_sinkhornknopp(
-            Q=Q, num_iter=niters, hard_assignment=False, world_size=1,
-            use_double_prec=False, use_gpu=scores.is_cuda,
-        )
+from vissl_swav_plugin.tools.bench_recipes import vissl_sinkhorn as vissl_path  # noqa: F401 (gpu_check's name)
+from vissl_swav_plugin.utils import benchmarking as bm
 
 
 def ours_path(scores, eps, niters):
@@ -62,44 +48,18 @@ def make_scores(B, K, D, dtype, device, seed=0):
     return (z @ c.t()).to(device=device, dtype=dtype).contiguous()
 
 
-def timer(device):
-    if device.type == "cuda":
-        def run(fn):
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end)  # ms
-    else:
-        def run(fn):
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
-    return run
-
-
 def bench(dtype, args, device):
     scores = make_scores(args.B, args.K, args.D, dtype, device)
     fns = {
         "ours": lambda: ours_path(scores, args.eps, args.iters),
         "vissl": lambda: vissl_path(scores, args.eps, args.iters),
     }
-    run = timer(device)
-    for _ in range(args.warmup):
-        for fn in fns.values():
-            fn()
-    times = {k: [] for k in fns}
-    for r in range(args.repeats):
-        order = list(fns) if r % 2 == 0 else list(fns)[::-1]
-        for k in order:
-            times[k].append(run(fns[k]))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    run = bm.ms_timer(device)
+    times = bm.alternate({k: (lambda fn=fn: run(fn)) for k, fn in fns.items()}, args.repeats, warmup=args.warmup)
     q_ours, q_vissl = fns["ours"]().float(), fns["vissl"]().float()
     finite = bool(torch.isfinite(q_vissl).all())
     diff = float((q_ours - q_vissl).abs().max()) if finite else float("nan")
-    return med, times, diff, finite
+    return bm.medians(times), times, diff, finite
 
 
 def main(argv=None):
@@ -114,6 +74,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtypes", default="float32,bfloat16,float16")
+    p.add_argument("--json", default="", help="also write the figures to this file")
     args = p.parse_args(argv)
 
     import vissl  # noqa: F401  (registers the plugin, applies compat shims)
@@ -126,18 +87,24 @@ def main(argv=None):
     print(f"bench_sinkhorn: B={args.B} K={args.K} iters={args.iters} eps={args.eps} device={name} "
           f"torch={torch.__version__} warmup={args.warmup} repeats={args.repeats} (median)")
     print(f"{'scores dtype':>13} {'ours ms':>9} {'VISSL ms':>9} {'speed-up':>9} {'max|dq|':>9}")
-    results = {}
+    results, figures = {}, {}
     for dname in args.dtypes.split(","):
         dtype = getattr(torch, dname.strip())
-        med, _, diff, finite = bench(dtype, args, device)
+        med, times, diff, finite = bench(dtype, args, device)
         ratio = med["vissl"] / med["ours"]
         results[dname] = ratio
+        figures[dname] = dict(ours_ms=bm.summary(times["ours"]), vissl_ms=bm.summary(times["vissl"]),
+                              ratio_vissl_over_ours=ratio, max_abs_diff=diff if finite else None,
+                              vissl_codes_finite=finite)
         note = "" if finite else "  (VISSL's codes are NaN/inf in this dtype)"
         print(f"{dname:>13} {med['ours']:9.2f} {med['vissl']:9.2f} {ratio:8.2f}x {diff:9.2e}{note}")
     r32 = results.get("float32")
     if r32 is not None:
         print(f"RATIO float32 speed-up (VISSL / ours) = {r32:.2f}x  (target >= 2x: "
               f"{'met' if r32 >= 2 else 'NOT met'})")
+    bm.write_json(args.json, bm.record("bench_sinkhorn", __file__, argv, figures, B=args.B, K=args.K, D=args.D,
+                                       iters=args.iters, eps=args.eps, repeats=args.repeats, warmup=args.warmup,
+                                       threads=args.threads, device=args.device))
     return results
 
 

@@ -1,10 +1,11 @@
 """Where the demo's training step spends its time, against what the cores can do.
 
-Builds the demo recipe's pieces as ``pretrain/swav/swav_fashion_mnist_cpu`` does
-(``resnet_small_plugin`` ResNet-10 width 16 channels-last fp32, ``swav_plugin_head``
-128-256-64 with 100 prototypes, ``swav_plugin_loss`` with ε 0.05, 3 Sinkhorn iterations,
-τ 0.1, no queue; ``multicrop_plugin`` 2x28 + 4x16; SGD momentum 0.9; batch 64 per process)
-and reports, in one run:
+Builds the demo recipe's pieces from ``pretrain/swav/swav_fashion_mnist_cpu``, read from the
+config (today: ``resnet_small_plugin`` ResNet-10 width 16 channels-last fp32, ``swav_plugin_head``
+128-256-64 with 100 prototypes, ``swav_plugin_loss`` with ε 0.05, 3 Sinkhorn iterations, τ 0.1,
+no queue; ``multicrop_plugin`` 2x28 + 4x16; batch 64 per process), with SGD momentum 0.9, the
+prototypes not frozen (the step after the config's freeze) and the colour distortion at its full
+strength (after the config's warm-up), and reports, in one run:
 
 * FLOPs per iteration of one process (forward + backward), counted with torch's
   ``FlopCounterMode`` (counts a multiply-add as 2 FLOPs, and counts backward), cross-checked
@@ -18,7 +19,7 @@ and reports, in one run:
   loss without Sinkhorn, Sinkhorn, backward, optimiser step, and -- only when run as a
   script, in two spawned gloo processes of ``--threads`` threads each -- the all-reduce of
   the gradient's size; the achieved GFLOP/s and its fraction of the peak;
-* candidate variants timed in alternation with today's settings (rounds A B .. B A, medians),
+* candidate settings timed in alternation with today's (rounds A B .. B A, medians),
   each as the ratio of today's time over the variant's (> 1: the variant is faster):
   ``nchw`` (channels-last off), ``threads2`` (one process, batch 2 x 64, 2 threads against
   two processes of 64 on 1 thread each: approximated by today's 64-batch step on 1 thread,
@@ -29,51 +30,45 @@ and reports, in one run:
   ``amx_bf16`` in /proc/cpuinfo; the head in fp32 as the demo config has it, ``fp32_head``;
   its fraction is also given of the bf16 matmul peak), ``compile`` (``torch.compile`` of trunk and head, mode
   default; compile time reported separately; skipped with the reason if it fails),
-  ``no-finite-check`` (the loss's non-finite guard, a host read per step, switched off),
-  ``bf16-compile`` (bf16 with ``torch.compile``) and ``bf16-im2col-wgrad`` (bf16 with the
-  weight gradient of the convolutions of >= 64 input channels computed as one matmul over
-  im2col slices instead of by oneDNN's kernel); the ``bf16-`` ones are also given against
-  the bf16 step;
+  ``no-finite-check`` (the loss's non-finite guard, a host read per step, switched off) and
+  ``bf16-compile`` (bf16 with ``torch.compile``), also given against the bf16 step (candidate
+  code that the plugin does not ship is not kept here: docs/experiments/benchmarks.md says where
+  the measured ones are);
 * with ``--op-profile STEPS``, the costliest aten ops of today's and the bf16 step (ms per step).
 
 The machine's cores may be shared: run with ``--threads 1`` (the demo's threads per process)
 and read the ratios, which alternation makes robust to load, rather than the absolute times.
 
 usage: python benchmarks/bench_step_profile.py [--rounds 10] [--warmup 3] [--threads 1]
-          [--mm-size 1024] [--variants nchw,threads2,bf16,compile,no-finite-check,bf16-compile,
-          bf16-im2col-wgrad] [--op-profile 5] [--no-allreduce] [--json out.json]
+          [--mm-size 1024] [--variants nchw,threads2,bf16,compile,no-finite-check,bf16-compile]
+          [--op-profile 5] [--no-allreduce] [--json out.json]
 """
 import argparse
-import json
+import functools
 import os
-import socket
 import statistics
-import sys
 import time
 
 import numpy as np
 import torch
 
+from vissl_swav_plugin.tools import bench_recipes as br
+from vissl_swav_plugin.utils import benchmarking as bm
 from vissl_swav_plugin.utils.cpu_features import bf16_matrix_units, cpu_flags, cpu_model, native_bf16  # noqa: F401 (used and re-exported)
 
-BATCH = 64
-CROPS = [(2, 28), (4, 16)]  # (number, size) as the recipe's multicrop_plugin
-TRANSFORM = {"name": "multicrop_plugin", "total_num_crops": 6, "num_crops": [2, 4],
-             "size_crops": [28, 16], "crop_scales": [[0.3, 1.0], [0.1, 0.3]], "flip_p": 0.5,
-             "color_strength": 0.5, "blur_p": 0.0, "mean": [0.286, 0.286, 0.286],
-             "std": [0.353, 0.353, 0.353]}
-LOSS = {"temperature": 0.1, "epsilon": 0.05, "num_iters": 3, "crops_for_assign": [0, 1],
-        "num_crops": 6, "num_prototypes": [100], "embedding_dim": 64,
-        "use_double_precision": False, "hard_assignment": False,
-        "temp_hard_assignment_iters": 0, "distributed_sinkhorn": True,
-        "normalize_prototypes": True, "freeze_prototypes_niters": 0, "output_dir": ".",
-        "queue": {"queue_length": 0, "start_epoch": 1, "local_queue_length": 0,
-                  "use_before_full": False}}
 PHASES = ("data", "forward", "loss (no Sinkhorn)", "Sinkhorn", "backward", "optimiser", "all-reduce")
-ALL_VARIANTS = ("nchw", "threads2", "bf16", "compile", "no-finite-check", "bf16-compile", "bf16-im2col-wgrad")
-# convolutions whose weight gradient the bf16-im2col-wgrad candidate computes itself: those with at
-# least this many input channels (the last two stages, on 7x7 and smaller maps)
-IM2COL_MIN_CHANNELS = 64
+ALL_VARIANTS = ("nchw", "threads2", "bf16", "compile", "no-finite-check", "bf16-compile")
+
+
+@functools.lru_cache(maxsize=None)
+def demo_recipe():
+    """The demo config's recipe (:func:`vissl_swav_plugin.tools.bench_recipes.recipe`)."""
+    return br.recipe(br.DEMO_CONFIG)
+
+
+def batch_size():
+    """Images per process: the demo config's ``BATCHSIZE_PER_REPLICA``."""
+    return demo_recipe().batch
 
 
 # -- pure functions (unit-tested) ------------------------------------------------------
@@ -104,34 +99,27 @@ def format_table(rows, total, flops=None):
 
 
 # -- the recipe's pieces ---------------------------------------------------------------
-def build_model(channels_last=True, width=16, prototypes=100):
-    """Trunk and head of the demo (VISSL's registered classes), seeded."""
-    import vissl  # noqa: F401  (registers the plugin)
-    from vissl.config import AttrDict
-    from vissl_swav_plugin.models.heads import SwAVPluginHead
-    from vissl_swav_plugin.models.trunks import ResNetSmallPlugin
-
-    torch.manual_seed(0)
-    cfg = AttrDict({"TRUNK": {"NAME": "resnet_small_plugin", "RESNET_SMALL_PLUGIN": {
-        "DEPTH": 10, "WIDTH": width, "CHANNELS_LAST": channels_last}}, "INPUT_TYPE": "rgb"})
-    trunk = ResNetSmallPlugin(cfg)
-    head = SwAVPluginHead(cfg, dims=[8 * width, 256, 64], num_clusters=[prototypes], fp32_head=True)
-    return torch.nn.ModuleList([trunk, head])
+def build_model(channels_last=True, width=None, prototypes=None):
+    """Trunk and head of the demo (VISSL's registered classes), seeded; ``width`` and
+    ``prototypes`` replace the config's."""
+    head = {} if prototypes is None else dict(num_clusters=[prototypes])
+    return br.build_trunk_head(demo_recipe(), width=width, channels_last=channels_last, **head)
 
 
 def build_loss(distributed_sinkhorn=True):
-    """The demo's loss; ``distributed_sinkhorn=False`` for one process holding the whole batch
-    while a process group of two is up (the codes are the same as two processes' together)."""
-    from vissl_swav_plugin.losses.swav_loss import SwAVPluginLoss
-
-    return SwAVPluginLoss(dict(LOSS, distributed_sinkhorn=distributed_sinkhorn))
+    """The demo's loss, prototypes not frozen; ``distributed_sinkhorn=False`` for one process
+    holding the whole batch while a process group of two is up (the codes are the same as two
+    processes' together)."""
+    return br.build_loss(demo_recipe(), distributed_sinkhorn=distributed_sinkhorn, freeze_prototypes_niters=0)
 
 
 def build_transform():
+    """The demo's ``multicrop_plugin``, its colour distortion at full strength (no warm-up)."""
     import vissl  # noqa: F401
     from vissl.data.ssl_transforms import get_transform
 
-    return get_transform([dict(TRANSFORM)])
+    t = {k: v for k, v in demo_recipe().transform.items() if not k.startswith("color_warmup_")}
+    return get_transform([t])
 
 
 def random_images(n, seed=0):
@@ -186,64 +174,13 @@ class SinkhornTimer:
         self.mod.sinkhorn_knopp = self.inner
 
 
-class _Im2colWgradConv(torch.autograd.Function):
-    """A convolution (no bias, square kernel, equal stride and padding on both axes) whose
-    weight gradient is one matmul of the output gradient with the input's k x k shifted
-    copies (im2col by slicing the channels-last input), instead of oneDNN's weight-gradient
-    kernel; the input gradient is oneDNN's.  The same sums, in another order: a candidate
-    measured here, not used by the plugin."""
-
-    @staticmethod
-    def forward(ctx, x, w, stride, pad):
-        ctx.save_for_backward(x, w)
-        ctx.stride, ctx.pad = stride, pad
-        return torch.nn.functional.conv2d(x, w, None, stride, pad)
-
-    @staticmethod
-    def backward(ctx, go):
-        x, w = ctx.saved_tensors
-        s, p, k = ctx.stride, ctx.pad, w.shape[-1]
-        gi = None
-        if ctx.needs_input_grad[0]:
-            gi = torch.ops.aten.convolution_backward(go, x, w, None, [s, s], [p, p], [1, 1], False, [0, 0], 1,
-                                                     [True, False, False])[0]
-        n, c = x.shape[:2]
-        co, ho, wo = go.shape[1:]
-        xh = torch.nn.functional.pad(x.permute(0, 2, 3, 1), (0, 0, p, p, p, p))  # N H W C
-        cols = torch.stack([xh[:, i:i + s * (ho - 1) + 1:s, j:j + s * (wo - 1) + 1:s, :]
-                            for i in range(k) for j in range(k)], dim=3).reshape(n * ho * wo, k * k * c)
-        gw = go.permute(0, 2, 3, 1).reshape(n * ho * wo, co).t() @ cols
-        return gi, gw.reshape(co, k, k, c).permute(0, 3, 1, 2).to(w.dtype), None, None
-
-
-def use_im2col_wgrad(model, min_channels=IM2COL_MIN_CHANNELS):
-    """Routes the convolutions of ``model`` with >= ``min_channels`` input channels through
-    :class:`_Im2colWgradConv` (under CPU autocast: input and weight in the autocast dtype, as
-    autocast's convolution).  Returns how many."""
-    n = 0
-    for m in model.modules():
-        if isinstance(m, torch.nn.Conv2d) and m.in_channels >= min_channels and m.bias is None:
-            def fwd(x, m=m):
-                if torch.is_autocast_enabled("cpu"):
-                    dt = torch.get_autocast_dtype("cpu")
-                    with torch.autocast("cpu", enabled=False):
-                        return _Im2colWgradConv.apply(x.to(dt), m.weight.to(dt), m.stride[0], m.padding[0])
-                return _Im2colWgradConv.apply(x, m.weight, m.stride[0], m.padding[0])
-            m.forward = fwd
-            n += 1
-    return n
-
-
 class Step:
     """One training step of one configuration on a fixed batch; ``__call__`` -> ms."""
 
     def __init__(self, crops, channels_last=True, bf16=False, compiled=False, finite_check=True,
-                 threads=1, distributed_sinkhorn=True, im2col_wgrad=False):
+                 threads=1, distributed_sinkhorn=True):
         self.model = build_model(channels_last)
         self.loss = build_loss(distributed_sinkhorn)
-        if im2col_wgrad:
-            self.im2col_convs = use_im2col_wgrad(self.model)
-
         if not finite_check:
             self.loss._check_finite = lambda *a, **k: None
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-5)
@@ -355,7 +292,7 @@ def _two_process_worker(rank, port, steps, warmup, threads, q):
 
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=rank)
-    crops = make_batch(build_transform(), random_images(BATCH, seed=rank))
+    crops = make_batch(build_transform(), random_images(batch_size(), seed=rank))
     step = Step(crops, threads=threads)
     ar = []
 
@@ -400,9 +337,7 @@ def two_process_ms(steps, warmup, threads=1):
     stepping the batch of both (2 x 64) on twice the threads (``one_process_2_threads``)."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = br.free_port()
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     procs = [ctx.Process(target=_two_process_worker, args=(r, port, steps, warmup, threads, q))
@@ -436,46 +371,21 @@ def vissl_loop_ms(steps, warmup, threads, extra_overrides=()):
     demo's: progress, collapse detector, loss/lr logging at LOG_FREQUENCY 1, ...).
     Returns ``{"step": ms, "data": ms, "hooks": ms}`` (medians; ``data`` is the loader's
     ``next``, ``hooks`` all ``run_hooks`` calls of the step incl. ``on_step``)."""
-    import contextlib
-    import io
-    import logging
     import tempfile
 
-    import torch.distributed as dist
-    from vissl.hooks import default_hook_generator
-    from vissl.trainer.train_steps import get_train_step
-    from vissl.trainer.trainer_main import SelfSupervisionTrainer
-    from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
-
-    if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
+    br.init_process_group()
     torch.set_num_threads(threads)
-    n_img = BATCH * (steps + warmup + 2)
+    n_img = batch_size() * (steps + warmup + 2)
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "data")
         _write_image_folder(data, n_img)
-        ov = ["config=pretrain/swav/swav_fashion_mnist_cpu", f"config.DATA.TRAIN.DATA_PATHS=[{data}]",
+        ov = [f"config={br.DEMO_CONFIG}", f"config.DATA.TRAIN.DATA_PATHS=[{data}]",
               f"config.DATA.TRAIN.LABEL_PATHS=[{data}]", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
               f"config.CHECKPOINT.DIR={tmp}/ckpt", "config.HOOKS.PRECISE_BN.ENABLED=False",
               "config.OPTIMIZER.num_epochs=2", *extra_overrides]
-        _, cfg = convert_to_attrdict(compose_hydra_configuration(ov), dump_config=False)
-        quiet = contextlib.redirect_stdout(io.StringIO())
-        logging.getLogger().setLevel(logging.WARNING)
-        with quiet:
-            trainer = SelfSupervisionTrainer(cfg, dist_run_id="unused", checkpoint_folder=f"{tmp}/ckpt",
-                                             hooks=default_hook_generator(cfg))
-            step_fn = get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
-            task = trainer.task
-            task.prepare(pin_memory=False)
-            task.init_distributed_data_parallel_model()
-            task, _, _ = trainer._init_training_state(cfg, task)
-            task.run_hooks("on_start")
-            trainer._advance_phase(task)
-            task.run_hooks("on_phase_start")
+        cfg = br.compose(ov)
+        with br.quiet():
+            _, task, step_fn = br.prepare_task(cfg, f"{tmp}/ckpt")
         acc = {"data": 0.0, "hooks": 0.0}
         it = task.data_iterator
 
@@ -502,7 +412,7 @@ def vissl_loop_ms(steps, warmup, threads, extra_overrides=()):
 
         task.run_hooks = timed_hooks
         out = {"step": [], "data": [], "hooks": []}
-        with quiet:
+        with br.quiet():
             for i in range(warmup + steps):
                 acc["data"] = acc["hooks"] = 0.0
                 t = time.perf_counter()
@@ -568,8 +478,9 @@ def main(argv=None):
           f"{sorted(cpu_flags() & {'avx512_bf16', 'amx_bf16', 'amx_tile'}) or 'none'}, "
           f"{args.threads} thread(s) per process, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
+    batch, crops_text = batch_size(), "+".join(f"{n}x{s}" for n, s in demo_recipe().crops)
     transform = build_transform()
-    images = random_images(BATCH)
+    images = random_images(batch)
     crops = make_batch(transform, images)
     print("crops per slot: " + ", ".join(f"{tuple(c.shape)}" for c in crops))
 
@@ -612,7 +523,7 @@ def main(argv=None):
             print(f"2-process measurement skipped: {type(e).__name__}: {e}")
     rows, total = phase_table(med)
     compute_ms = med["forward"] + med["loss (no Sinkhorn)"] + med["Sinkhorn"] + med["backward"] + med["optimiser"]
-    print(f"\nphases of one process's step (batch {BATCH}, crops 2x28+4x16), median of {args.rounds}; "
+    print(f"\nphases of one process's step (batch {batch}, crops {crops_text}), median of {args.rounds}; "
           f"all-reduce: {numel} fp32 (the gradient) over 2 gloo processes")
     print(format_table(rows, total, {"forward": f_fwd, "backward": f_bwd}))
     achieved = f_step / (compute_ms / 1e3) / 1e9
@@ -645,10 +556,11 @@ def main(argv=None):
               f"= {1e3 / it_ms:.2f} it/s; {2 * f_step / (it_ms / 1e3) / 1e9:.1f} GFLOP/s of "
               f"{peak_all:.1f} peak on {os.cpu_count()} threads ({100 * 2 * f_step / (it_ms / 1e3) / 1e9 / peak_all:.1f}%)")
 
-    result = {"cpu": cpu_model(), "threads": args.threads, "flops_forward": f_fwd, "flops_backward": f_bwd,
+    result = bm.record("bench_step_profile", __file__, argv, None, config=br.DEMO_CONFIG)
+    result.update({"cpu": cpu_model(), "threads": args.threads, "flops_forward": f_fwd, "flops_backward": f_bwd,
               "fvcore_forward_macs": fv, "matmul_peak_gflops": peak, "matmul_peak_gflops_all_threads": peak_all,
               "two_process": two, "phases_ms": med,
-              "achieved_gflops_compute": achieved, "variants": {}}
+              "achieved_gflops_compute": achieved, "variants": {}})
 
     # variants, alternated with today's step
     steps = {"today": today}
@@ -671,27 +583,20 @@ def main(argv=None):
                 print(f"torch.compile: {steps[v].compile_s:.1f} s to compile (2 steps incl.)")
             elif v == "no-finite-check":
                 steps[v] = Step(crops, finite_check=False, threads=args.threads)
-            elif v in ("bf16-compile", "bf16-im2col-wgrad"):
+            elif v == "bf16-compile":
                 if not native_bf16():
                     skipped[v] = "no native bf16 (avx512_bf16 / amx_bf16) on this CPU"
                     continue
                 torch.set_num_threads(args.threads)
-                steps[v] = Step(crops, bf16=True, threads=args.threads, compiled=v == "bf16-compile",
-                                im2col_wgrad=v == "bf16-im2col-wgrad")
-                if v == "bf16-compile":
-                    print(f"torch.compile under bf16: {steps[v].compile_s:.1f} s to compile (2 steps incl.)")
+                steps[v] = Step(crops, bf16=True, threads=args.threads, compiled=True)
+                print(f"torch.compile under bf16: {steps[v].compile_s:.1f} s to compile (2 steps incl.)")
         except Exception as e:  # noqa: BLE001  (a candidate that fails is reported, not fatal)
             skipped[v] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-    times = {k: [] for k in steps}
+    times = bm.alternate(steps, args.rounds, warmup=args.warmup)
     order = list(steps)
-    for r in range(args.warmup + args.rounds):
-        for name in (order if r % 2 == 0 else order[::-1]):
-            ms = steps[name]()
-            if r >= args.warmup:
-                times[name].append(ms)
     base = statistics.median(times["today"])
     print(f"\ncandidates (median ms of the model step -- forward, loss, backward, optimiser -- over {args.rounds} "
-          f"alternating rounds; today: channels-last fp32 eager, batch {BATCH}, {args.threads} thread(s))")
+          f"alternating rounds; today: channels-last fp32 eager, batch {batch}, {args.threads} thread(s))")
     print(f"  {'today':18s} {base:9.2f} ms")
     peak_bf16 = None
     if any(k.startswith("bf16") for k in steps):
@@ -705,18 +610,17 @@ def main(argv=None):
         ratio_ms = ms
         if name == "threads2":
             ratio_ms = ms  # one process does both processes' batches: compare with today's time per process
-            note = (f"batch 2x{BATCH} on {2 * args.threads} threads vs 2 processes x {BATCH} side by side "
+            note = (f"batch 2x{batch} on {2 * args.threads} threads vs 2 processes x {batch} side by side "
                     f"on {args.threads} thread(s) (approximated by today's step; their all-reduce not counted)")
         if name in ("compile", "bf16-compile"):
             note = f"compile {steps[name].compile_s:.1f} s"
-        if name == "bf16-im2col-wgrad":
-            note = f"{steps[name].im2col_convs} convolutions with >= {IM2COL_MIN_CHANNELS} input channels"
         if name.startswith("bf16-") and "bf16" in times:
             bf = statistics.median(times["bf16"])
             note = (note + "; " if note else "") + f"bf16 / variant: {bf / ms:.2f}x"
             result.setdefault("variants_over_bf16", {})[name] = bf / ms
         print(_ratio_line(name, base, ratio_ms, note))
-        result["variants"][name] = {"ms": ms, "today_ms": base, "ratio_today_over_variant": base / ms}
+        result["variants"][name] = {"ms": ms, "today_ms": base, "ratio_today_over_variant": base / ms,
+                                    "spread": bm.summary(times[name])["spread"]}
         if steps[name].compile_s is not None:
             result["variants"][name]["compile_s"] = steps[name].compile_s
         if name != "threads2":  # the same FLOPs as today's step: the fraction of the peak it reaches
@@ -728,8 +632,8 @@ def main(argv=None):
             print(f"  {'':18s} {frac}")
             result["variants"][name].update(achieved_gflops=gflops, fraction_of_fp32_peak=gflops / peak)
         if name == "threads2" and two is not None:
-            print(f"  {'':18s} measured in the 2-process run, alternated: 2 processes x {BATCH} side by side "
-                  f"{two['iteration']:.1f} ms (incl. all-reduce) vs 1 process x {2 * BATCH} on {2 * args.threads} "
+            print(f"  {'':18s} measured in the 2-process run, alternated: 2 processes x {batch} side by side "
+                  f"{two['iteration']:.1f} ms (incl. all-reduce) vs 1 process x {2 * batch} on {2 * args.threads} "
                   f"threads {two['one_process_2_threads']:.1f} ms: {two['iteration'] / two['one_process_2_threads']:5.2f}x")
             result["variants"][name]["ratio_two_process_over_variant"] = (
                 two["iteration"] / two["one_process_2_threads"])
@@ -752,9 +656,7 @@ def main(argv=None):
             fwd, bwd = ops.get("aten::mkldnn_convolution"), ops.get("aten::convolution_backward")
             if fwd and bwd:
                 print(f"  convolution backward / forward: {bwd / fwd:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    bm.write_json(args.json, result)
     return result
 
 

@@ -29,16 +29,12 @@ Threads (``--threads``, default: every core): on a machine shared with other job
 
 usage: python benchmarks/bench_train_step.py [--trunk resnet50|small] [--batch 8]
           [--crops 2x64,6x32] [--K 3000] [--dims 2048,2048,128] [--queue 0] [--steps 20]
-          [--warmup 3] [--threads N] [--memory]
+          [--warmup 3] [--threads N] [--memory] [--json out.json]
 prints ms/step of both, the ratio ours/VISSL (target <= 1.02), the loss share and memory.
 """
 import argparse
-import contextlib
-import io
 import json
-import logging
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,166 +43,8 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _init_dist():
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
-    port = _free_port()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
-
-
-def overrides(variant, args, ckpt_dir):
-    sizes, nums = [], []
-    for part in args.crops.split(","):
-        n, s = part.split("x")
-        nums.append(int(n))
-        sizes.append(int(s))
-    total = sum(nums)
-    scales = [[0.14, 1.0]] + [[0.05, 0.14]] * (len(sizes) - 1)
-    dims = [int(d) for d in args.dims.split(",")]
-    common = [
-        "config=test/swav_plugin/quick_cpu",
-        "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
-        f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={args.batch}",
-        f"config.DATA.TRAIN.DATA_LIMIT={args.batch}",
-        "config.DATA.TRAIN.TRANSFORMS=[{name:ImgPilToMultiCrop,total_num_crops:%d,size_crops:%s,"
-        "num_crops:%s,crop_scales:%s},{name:ToTensor}]" % (total, sizes, nums, scales),
-        "config.LOG_FREQUENCY=100000",
-        "config.OPTIMIZER.num_epochs=1000",
-        f"config.CHECKPOINT.DIR={ckpt_dir}",
-        "config.CHECKPOINT.AUTO_RESUME=False",
-    ]
-    if getattr(args, "device", "cpu") == "cuda":
-        common += ["config.MACHINE.DEVICE=gpu"]
-    if getattr(args, "amp", "off") != "off":  # VISSL's native AMP; AMP_DTYPE is the plugin's key
-        common += ["config.MODEL.AMP_PARAMS.USE_AMP=True", "config.MODEL.AMP_PARAMS.AMP_TYPE=pytorch",
-                   f"config.MODEL.AMP_PARAMS.AMP_DTYPE={args.amp}"]
-    if args.trunk == "small":
-        common += ["config.MODEL.TRUNK.NAME=resnet_small_plugin",
-                   f"+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={{WIDTH:{args.width},DEPTH:10}}"]
-        dims[0] = 8 * args.width
-    head = "{dims:%s,use_bn:True,num_clusters:[%d]}" % (dims, args.K)
-    if variant == "ours":
-        return common + [
-            f"config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{head}]]",
-            "config.LOSS.name=swav_plugin_loss",
-            "config.LOSS.swav_plugin_loss.freeze_prototypes_niters=0",
-            f"config.LOSS.swav_plugin_loss.queue.queue_length={args.queue}",
-            "config.LOSS.swav_plugin_loss.queue.start_epoch=0",
-        ]
-    return common + [
-        f"config.MODEL.HEAD.PARAMS=[[swav_head,{head}]]",
-        "config.LOSS.name=swav_loss",
-        "~config.LOSS.swav_plugin_loss",  # VISSL's loss: our block would be ignored (refused at composition)
-        "config.LOSS.swav_loss.temperature=0.1",
-        "config.LOSS.swav_loss.epsilon=0.05",
-        "config.LOSS.swav_loss.num_iters=3",
-        "config.LOSS.swav_loss.crops_for_assign=[0,1]",
-        "config.LOSS.swav_loss.normalize_last_layer=True",
-        f"config.LOSS.swav_loss.queue.queue_length={args.queue}",
-        "config.LOSS.swav_loss.queue.start_iter=0",
-    ]
-
-
-class Runner:
-    """A VISSL task prepared exactly as SelfSupervisionTrainer.train() does before its loop."""
-
-    def __init__(self, variant, args, ckpt_dir):
-        from vissl.hooks import default_hook_generator
-        from vissl.trainer.train_steps import get_train_step
-        from vissl.trainer.trainer_main import SelfSupervisionTrainer
-        from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
-
-        _, cfg = convert_to_attrdict(compose_hydra_configuration(overrides(variant, args, ckpt_dir)),
-                                     dump_config=False)
-        self.variant = variant
-        self.trainer = SelfSupervisionTrainer(cfg, dist_run_id="unused", checkpoint_folder=ckpt_dir,
-                                              hooks=default_hook_generator(cfg))
-        self.step_fn = get_train_step(cfg.TRAINER.TRAIN_STEP_NAME)
-        task = self.trainer.task
-        task.prepare(pin_memory=False)
-        task.init_distributed_data_parallel_model()
-        task, _, _ = self.trainer._init_training_state(cfg, task)
-        task.run_hooks("on_start")
-        self.trainer._advance_phase(task)
-        task.run_hooks("on_phase_start")
-        self.task = task
-        self.loss_ms, self.qhook_ms, self.step_losses = [], [], []
-        loss = task.loss
-        fwd = loss.forward
-
-        def timed_forward(*a, **k):
-            t0 = time.perf_counter()
-            out = fwd(*a, **k)
-            self.loss_ms.append((time.perf_counter() - t0) * 1e3)
-            return out
-
-        loss.forward = timed_forward  # instance attribute: nn.Module.__call__ finds it
-        from vissl.hooks.swav_hooks import SwAVUpdateQueueScoresHook
-
-        for h in task.hooks:
-            if isinstance(h, SwAVUpdateQueueScoresHook):
-                inner = h.on_forward
-
-                def timed_hook(t, inner=inner):
-                    t0 = time.perf_counter()
-                    inner(t)
-                    self.qhook_ms.append((time.perf_counter() - t0) * 1e3)
-
-                h.on_forward = timed_hook
-
-    def first_batch(self):
-        return next(self.task.data_iterator)
-
-    def use_batch(self, batch):
-        self.task.data_iterator = _Replay(batch, len(self.task.data_iterator))
-
-    def step(self):
-        cuda = torch.cuda.is_available() and self.task.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        task = self.step_fn(self.task)
-        task.iteration += 1
-        task.local_iteration_num += 1
-        task.run_hooks("on_step")
-        if cuda:
-            torch.cuda.synchronize()
-        dt = (time.perf_counter() - t0) * 1e3
-        self.step_losses.append(float(task.last_batch.loss))
-        return dt
-
-
-class _Replay:
-    """The same collated batch forever; ``len`` as VISSL's loader (used by ``task.where``)."""
-
-    def __init__(self, batch, length):
-        self.batch, self.length = batch, length
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return self.batch
-
-    def __len__(self):
-        return self.length
-
-
-def _quiet():
-    logging.getLogger().setLevel(logging.WARNING)
-    return contextlib.redirect_stdout(io.StringIO())
+from vissl_swav_plugin.tools import bench_recipes as br
+from vissl_swav_plugin.utils import benchmarking as bm
 
 
 def loss_fwd_bwd_ms(runner, batch, repeats):
@@ -231,40 +69,17 @@ def loss_fwd_bwd_ms(runner, batch, repeats):
     return statistics.median(times)
 
 
-def build_pair(args, tmp):
-    with _quiet():
-        a = Runner("vissl", args, os.path.join(tmp, "vissl"))
-        b = Runner("ours", args, os.path.join(tmp, "ours"))
-    # same weights: both heads name their parameters projection_head.* / prototypes0.*
-    sd_b = b.task.base_model.state_dict()
-    sd_a = a.task.base_model.state_dict()
-    assert sd_a.keys() == sd_b.keys(), "model state keys differ between the two heads"
-    b.task.base_model.load_state_dict(sd_a)
-    batch = a.first_batch()
-    a.use_batch(batch)
-    b.use_batch(batch)
-    return a, b, batch
-
-
-def _status_kb(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return -1
-
-
 def memory_child(args, variant):
     """Run one variant alone; print JSON with its memory figures.  CPU: the process's
     resident-set high-water mark (VmHWM) is reset (``/proc/self/clear_refs``) after the
     first step, so ``peak`` is the largest RSS during the measured steps and ``peak - rss``
     the step's transient memory (activations, gradients, loss and Sinkhorn buffers)."""
-    _init_dist()
-    with tempfile.TemporaryDirectory() as tmp, _quiet():
-        r = Runner(variant, args, tmp)
+    br.init_process_group()
+    with tempfile.TemporaryDirectory() as tmp, br.quiet():
+        r = br.pair_runner(variant, args, tmp)
         r.use_batch(r.first_batch())
         r.step()  # first step allocates optimizer state, grads, queue
-        rss_before = _status_kb("VmRSS")
+        rss_before = bm.proc_status_kb("VmRSS")
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # reset VmHWM to the current RSS
@@ -275,7 +90,7 @@ def memory_child(args, variant):
             torch.cuda.reset_peak_memory_stats()
         for _ in range(args.mem_steps):
             r.step()
-        out = {"rss_before_mb": rss_before / 1024, "peak_mb": _status_kb("VmHWM") / 1024,
+        out = {"rss_before_mb": rss_before / 1024, "peak_mb": bm.proc_status_kb("VmHWM") / 1024,
                "hwm_reset": reset}
         if torch.cuda.is_available():
             out["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -288,7 +103,7 @@ def measure_memory(args, argv):
     for variant in ("vissl", "ours"):
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--memory-child", variant],
                               capture_output=True, text=True)
-        line = [l for l in proc.stdout.splitlines() if l.startswith("MEMORY_JSON ")]
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("MEMORY_JSON ")]
         if proc.returncode or not line:
             raise RuntimeError(f"memory child {variant} failed:\n{proc.stderr[-3000:]}")
         res[variant] = json.loads(line[0].split(" ", 1)[1])
@@ -311,34 +126,28 @@ def main(argv=None):
     p.add_argument("--memory", action="store_true", help="also measure peak memory (subprocesses)")
     p.add_argument("--mem-steps", type=int, default=3)
     p.add_argument("--memory-child", choices=["vissl", "ours"], help=argparse.SUPPRESS)
+    p.add_argument("--json", default="", help="also write the figures to this file")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     import vissl  # noqa: F401  (registers the plugin)
 
     if args.memory_child:
         return memory_child(args, args.memory_child)
-    _init_dist()
+    br.init_process_group()
     if args.queue:
         args.warmup = max(args.warmup, -(-args.queue // args.batch) + 1)
     with tempfile.TemporaryDirectory() as tmp:
-        a, b, batch = build_pair(args, tmp)
-        n_img = batch["data"][0][0].shape[0] if isinstance(batch["data"][0], list) else args.batch
-        times = {"vissl": [], "ours": []}
-        with _quiet():
-            for i in range(args.warmup + args.steps):
-                order = (a, b) if i % 2 == 0 else (b, a)
-                for r in order:
-                    t = r.step()
-                    if i >= args.warmup:
-                        times[r.variant].append(t)
+        a, b, batch = br.build_pair(args, tmp)
+        with br.quiet():
+            times = bm.alternate({"vissl": a.step, "ours": b.step}, args.steps, warmup=args.warmup)
         w = args.warmup
         loss = {"vissl": statistics.median(a.loss_ms[w:]), "ours": statistics.median(b.loss_ms[w:])}
         qhook = statistics.median(a.qhook_ms[w:]) if a.qhook_ms[w:] else 0.0
-        with _quiet():
+        with br.quiet():
             fb = {"vissl": loss_fwd_bwd_ms(a, batch, args.steps), "ours": loss_fwd_bwd_ms(b, batch, args.steps)}
         # same weights, same batch: the first step's losses must agree (sanity check)
         first = {"vissl": a.step_losses[0], "ours": b.step_losses[0]}
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = bm.medians(times)
     ratio = med["ours"] / med["vissl"]
     dims = args.dims if args.trunk == "resnet50" else f"{8 * args.width}," + args.dims.split(",", 1)[1]
     print(f"bench_train_step: trunk={args.trunk} batch={args.batch} images x crops={args.crops} "
@@ -359,6 +168,12 @@ def main(argv=None):
                   f"{args.mem_steps} steps {m['peak_mb']:.0f} MB (transient {m['step_transient_mb']:.0f} MB)"
                   + (f", cuda max allocated {m['cuda_max_allocated_mb']:.0f} MB" if "cuda_max_allocated_mb" in m else "")
                   + ("" if m["hwm_reset"] else " [VmHWM not resettable: peak since start]"))
+    results = {k: dict(step_ms=bm.summary(times[k]), loss_fwd_ms=loss[k], loss_fwd_bwd_ms=fb[k], first_loss=first[k])
+               for k in ("vissl", "ours")}
+    bm.write_json(args.json, bm.record(
+        "bench_train_step", __file__, argv, results, trunk=args.trunk, width=args.width, batch=args.batch,
+        crops=args.crops, K=args.K, dims=dims, queue=args.queue, steps=args.steps, warmup=args.warmup,
+        threads=torch.get_num_threads(), ratio_ours_over_vissl=ratio, memory=mem if args.memory else None))
     return ratio
 
 

@@ -9,12 +9,12 @@ out of time is recorded as an error in the JSON and the others still run):
 
 ``sinkhorn``        Sinkhorn-Knopp on B x K scores (4096 x 3000), the plugin's
                     ``sinkhorn_knopp`` against VISSL 0.1.6's built-in path
-                    (``benchmarks/bench_sinkhorn.py``), fp32 and under fp16 autocast: ms per
+                    (as ``benchmarks/bench_sinkhorn.py``), fp32 and under fp16 autocast: ms per
                     call, ratio VISSL / ours, target < 1 ms (ours, fp32) on an H100; the codes
                     under autocast equal the fp32 codes of the same scores within 1e-5.
 ``train_step``      One ResNet-50 multi-crop training step (2x224 + 6x96, batch 64, fp16 AMP)
                     through VISSL's ``standard_train_step``: the plugin's SwAV against VISSL's
-                    built-in SwAV in the same process (``benchmarks/bench_train_step.py``):
+                    built-in SwAV in the same process (as ``benchmarks/bench_train_step.py``):
                     ms/step, ratio ours / VISSL (target <= 1.0), peak CUDA memory of each.
 ``pretrain``        ``config=pretrain/swav/swav_1gpu_resnet`` (fp16 AMP) for 200 iterations
                     through VISSL's launcher on generated images (VISSL's ``synthetic`` source
@@ -23,19 +23,19 @@ out of time is recorded as an error in the JSON and the others still run):
 ``input_pipeline``  The plugin's input pipeline (JPEG decode, multi-crop, collate; VISSL's
                     loader, workers started by fork) with one worker per core, images/s, against the GPU step's
                     images/s (from ``train_step``): which of the two bounds a run.
-``step_variants``   The train_step measurement with LARC on, five tasks stepped in rotation
-                    (``benchmarks/step_variants.py``): VISSL's built-in SwAV, the plugin's, the
-                    plugin's with channels-last, with cudnn.benchmark, and with the candidate
-                    ``_foreach`` LARC of ``benchmarks/larc_foreach.py`` (not shipped): ms/step,
+``step_variants``   The train_step measurement with LARC on, four tasks stepped in rotation
+                    (``benchmarks/step_variants.py``, run as a script): VISSL's built-in SwAV, the
+                    plugin's, the plugin's with channels-last and with cudnn.benchmark: ms/step,
                     ratio to VISSL's, first losses (equal: same weights and batch).
 ``loop_variants``   VISSL's real training loop for ``swav_1gpu_resnet`` on generated JPEGs of
                     ImageNet's sizes, one short run per variant, one setting changed at a time
-                    (``benchmarks/loop_variants.py``): the batch replayed on the device (no
+                    (``benchmarks/loop_variants.py``, run as a script): the batch replayed on the device (no
                     loader), uint8 crops, loader workers, hooks off, synchronous copy, LARC off,
                     log frequency; images/s, ratio to the baseline and to the bare step (timed in
                     the same section), a torch.profiler summary of the baseline and the replay.
 ``flagship``        ``pretrain/swav/swav_8node_resnet`` on one GPU (only NUM_NODES and
-                    NUM_PROC_PER_NODE changed) for 100 iterations on generated JPEGs: finite,
+                    NUM_PROC_PER_NODE changed) for 100 iterations on generated JPEGs
+                    (``benchmarks/loop_variants.py --flagship``): finite,
                     falling loss, the non-finite guard silent, images/s.
 ``demo``            ``tools/demo.py --device gpu`` on the full Fashion-MNIST training set
                     (60,000 images; 10,000 test images) with the evaluation protocols: its
@@ -54,13 +54,15 @@ import datetime
 import gzip
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from vissl_swav_plugin.tools import bench_recipes as br
+from vissl_swav_plugin.utils import benchmarking as bm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -75,9 +77,10 @@ DEFAULT_SECTIONS = ("sinkhorn", "train_step", "step_variants", "input_pipeline",
 # their idle 5-20 s, so its limit is only a bound for a hang
 LIMITS = {"sinkhorn": (40, 1800), "train_step": (60, 1800), "step_variants": (75, 1800), "pretrain": (300, 1800),
           "input_pipeline": (60, 1800), "loop_variants": (225, 1800), "flagship": (75, 1800), "demo": (900, 1800)}
-# loop_variants shares its limit between its variants: it stops starting new ones this many
-# seconds before its limit (imports, image writing and the last variant's clean-up)
-LOOP_VARIANTS_MARGIN_S = 25
+# the sections measured by another benchmark, run as a script: (script, its options); each writes
+# its record with --json, the section's figures under "results"
+SCRIPT_SECTIONS = {"step_variants": ("step_variants.py", []), "loop_variants": ("loop_variants.py", []),
+                   "flagship": ("loop_variants.py", ["--flagship"])}
 FASHION_MNIST = os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
 FM_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
@@ -95,13 +98,6 @@ def _device(dry):
     return torch.device("cuda")
 
 
-def _bench_module(name):
-    sys.path.insert(0, HERE)
-    import importlib
-
-    return importlib.import_module(name)
-
-
 def _env(extra=None):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
@@ -112,16 +108,10 @@ def _env(extra=None):
 
 def machine_info():
     """Card, driver, torch, CUDA, Python, CPU, date of this run."""
-    import torch
-
-    from vissl_swav_plugin.utils.cpu_features import cpu_model
-
-    info = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
-                cpu=cpu_model(), cpu_cores=os.cpu_count(), card=None, driver=None)
-    if torch.cuda.is_available():
-        info["card"] = torch.cuda.get_device_name()
-        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    info = bm.machine()
+    info.update(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                cpu_cores=info["cores"], driver=None)
+    if info["card"]:
         try:
             out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                  capture_output=True, text=True, timeout=30)
@@ -138,11 +128,12 @@ def section_sinkhorn(dry):
 
     import vissl  # noqa: F401  (registers the plugin, applies the compat patches)
 
-    bs = _bench_module("bench_sinkhorn")
+    from vissl_swav_plugin.utils.sinkhorn import sinkhorn_knopp
+
     device = _device(dry)
     B, K, repeats, warmup = (64, 20, 3, 1) if dry else (4096, 3000, 25, 5)
     eps, niters = 0.05, 3
-    run = bs.timer(device)
+    run = bm.ms_timer(device)
     # fp16 autocast: the scores come out of the autocast matmul (fp16), as in training
     amp_dtype = torch.float16
 
@@ -156,19 +147,14 @@ def section_sinkhorn(dry):
     res = dict(B=B, K=K, iters=niters, eps=eps, repeats=repeats, device=device.type)
     for label, autocast in (("fp32", False), ("fp16_autocast", True)):
         scores = scores_for(autocast)
-        fns = {"ours": lambda: bs.ours_path(scores, eps, niters), "vissl": lambda: bs.vissl_path(scores, eps, niters)}
-        times = {k: [] for k in fns}
+        fns = {"ours": lambda s=scores: sinkhorn_knopp(s, eps, niters),
+               "vissl": lambda s=scores: br.vissl_sinkhorn(s, eps, niters)}
         with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast):
-            for _ in range(warmup):
-                for fn in fns.values():
-                    fn()
-            for r in range(repeats):
-                for k in (("ours", "vissl") if r % 2 == 0 else ("vissl", "ours")):
-                    times[k].append(run(fns[k]))
+            times = bm.alternate({k: (lambda fn=fn: run(fn)) for k, fn in fns.items()}, repeats, warmup=warmup)
             q = {k: fn().float() for k, fn in fns.items()}
         # the reference: the same scores in fp32, ours, no autocast
-        ref = bs.ours_path(scores.float(), eps, niters).float()
-        med = {k: statistics.median(v) for k, v in times.items()}
+        ref = sinkhorn_knopp(scores.float(), eps, niters).float()
+        med = bm.medians(times)
         vissl_finite = bool(torch.isfinite(q["vissl"]).all())
         res[label] = dict(
             scores_dtype=str(scores.dtype).replace("torch.", ""), ours_ms=med["ours"], vissl_ms=med["vissl"],
@@ -184,32 +170,18 @@ def section_sinkhorn(dry):
 def section_train_step(dry):
     import torch
 
-    bt = _bench_module("bench_train_step")
     device = _device(dry)
-    p = argparse.Namespace(
-        trunk="small" if dry else "resnet50", width=8, batch=4 if dry else 64,
-        crops="2x32,2x16" if dry else "2x224,6x96", K=20 if dry else 3000,
-        dims="2048,32,16" if dry else "2048,2048,128", queue=0, steps=2 if dry else 20,
-        warmup=1 if dry else 5, device=device.type, amp="float16")
+    p = br.gpu_pair(dry, device.type)  # swav_1gpu_resnet's recipe, read from the config
+    steps, warmup = (2, 1) if dry else (20, 5)
     torch.set_num_threads(1 if dry else max(1, os.cpu_count() or 1))
     import vissl  # noqa: F401
 
     cuda = device.type == "cuda"
-    if cuda:  # DDP on CUDA tensors: NCCL, one process (bench_train_step's own group is gloo, for the CPU)
-        import torch.distributed as dist
-
-        os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{bt._free_port()}", world_size=1, rank=0)
-    bt._init_dist()
+    br.init_process_group("nccl" if cuda else "gloo")  # DDP on CUDA tensors: NCCL
     with tempfile.TemporaryDirectory() as tmp:
-        a, b, batch = bt.build_pair(p, tmp)
-        times = {"vissl": [], "ours": []}
-        with bt._quiet():
-            for i in range(p.warmup + p.steps):
-                for r in ((a, b) if i % 2 == 0 else (b, a)):
-                    t = r.step()
-                    if i >= p.warmup:
-                        times[r.variant].append(t)
+        a, b, batch = br.build_pair(p, tmp)
+        with br.quiet():
+            times = bm.alternate({"vissl": a.step, "ours": b.step}, steps, warmup=warmup)
             mem = {}
             for r in (a, b):  # peak memory of each variant's steps, measured one after the other
                 if cuda:
@@ -222,11 +194,11 @@ def section_train_step(dry):
                     peak = torch.cuda.max_memory_allocated()
                     mem[r.variant] = dict(peak_mb=peak / 2**20, step_transient_mb=(peak - before) / 2**20)
                 else:
-                    mem[r.variant] = dict(peak_mb=bt._status_kb("VmHWM") / 1024, step_transient_mb=None)
-    med = {k: statistics.median(v) for k, v in times.items()}
+                    mem[r.variant] = dict(peak_mb=bm.proc_status_kb("VmHWM") / 1024, step_transient_mb=None)
+    med = bm.medians(times)
     losses = {"vissl": a.step_losses, "ours": b.step_losses}
     return dict(
-        trunk=p.trunk, batch=p.batch, crops=p.crops, K=p.K, amp=p.amp, steps=p.steps, warmup=p.warmup,
+        trunk=p.trunk, batch=p.batch, crops=p.crops, K=p.K, amp=p.amp, steps=steps, warmup=warmup,
         ours_ms=med["ours"], vissl_ms=med["vissl"], ratio_ours_over_vissl=med["ours"] / med["vissl"],
         ours_images_per_s=p.batch * 1e3 / med["ours"], vissl_images_per_s=p.batch * 1e3 / med["vissl"],
         first_loss=dict(ours=losses["ours"][0], vissl=losses["vissl"][0]),
@@ -241,7 +213,7 @@ def _finite(x):
 
 def section_pretrain(dry):
     device = _device(dry)  # noqa: F841  (checks CUDA on the real run)
-    iters, batch = (6, 4) if dry else (200, 64)
+    iters, batch = (6, 4) if dry else (200, br.recipe(br.PAPER_CONFIG).batch)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = os.path.join(tmp, "ckpt")
         ov = [
@@ -321,16 +293,12 @@ def _write_jpegs(root, n, size, seed=0):
 
 
 def section_input_pipeline(dry):
-    import torch.distributed as dist
-
-    bp = _bench_module("bench_input_pipeline")
     import vissl  # noqa: F401
 
-    bt = _bench_module("bench_train_step")
-    bt._init_dist()
-    assert dist.is_initialized()
+    br.init_process_group()  # VISSL's sampler needs a process group (1 process here)
     workers = 1 if dry else max(1, os.cpu_count() or 1)
-    batch = 4 if dry else 64
+    paper = br.recipe(br.PAPER_CONFIG)  # swav_1gpu_resnet's batch and transform, read from the config
+    batch = 4 if dry else paper.batch
     recipe_name = "2x32+4x16" if dry else "2x224+6x96"
     size = (48, 40) if dry else (500, 375)  # ImageNet's typical image size
     # the steady rate is timed from batch 2 x workers on (the prefetched ones consumed): 8
@@ -339,73 +307,22 @@ def section_input_pipeline(dry):
     # workers started by fork, as the demo on a GPU does: forkserver workers import torch and
     # VISSL afresh at every epoch, about 70 s for 8 of them on the lent H100 machine
     # (docs/gpu.md), which ran this section past its limit twice
-    args = argparse.Namespace(workers=workers, batch=batch, start_method="fork")
+    start_method = "fork"
+    transform = br.with_crops(paper.transform, [(2, 32), (4, 16)] if dry else None)  # the dry run: small crops
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         folder = _write_jpegs(os.path.join(tmp, "images"), n, size)
         print(f"input_pipeline: {n} JPEGs written in {time.perf_counter() - t0:.0f} s", flush=True)
-        loader = bp.build_loader("plugin", args, folder, bp.RECIPES[recipe_name])
+        loader = br.folder_loader(folder, [transform], batch, workers, start_method)
         rates = []
         for r in range(1 if dry else 2):
             t0 = time.perf_counter()
-            rates.append(bp.epoch(loader, r, skip=2 * workers))
+            rates.append(br.loader_rates(loader, r, skip=2 * workers))
             print(f"input_pipeline: epoch {r} in {time.perf_counter() - t0:.0f} s: {rates[-1]}", flush=True)
     return dict(recipe=recipe_name, images=n, image_size=f"{size[0]}x{size[1]} JPEG", workers=workers,
-                start_method=args.start_method,
+                start_method=start_method,
                 batch=batch, cpu_cores=os.cpu_count(), epoch_images_per_s=statistics.median(r[0] for r in rates),
                 steady_images_per_s=statistics.median(r[1] for r in rates))
-
-
-def section_step_variants(dry):
-    """The plugin's step vs VISSL's built-in SwAV step, and the plugin's step with channels-last,
-    cudnn.benchmark and the candidate _foreach LARC, timed in alternation
-    (``benchmarks/step_variants.py``)."""
-    import torch
-
-    device = _device(dry)
-    torch.set_num_threads(1 if dry else max(1, os.cpu_count() or 1))
-    import vissl  # noqa: F401
-
-    sv = _bench_module("step_variants")
-    bt = _bench_module("bench_train_step")
-    if device.type == "cuda":
-        import torch.distributed as dist
-
-        os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{bt._free_port()}", world_size=1, rank=0)
-    bt._init_dist()
-    return sv.run(dry, _bench_module, device)
-
-
-def section_loop_variants(dry, limit=None):
-    """VISSL's real training loop for swav_1gpu_resnet on generated ImageNet-sized JPEGs, one
-    short run per variant (``benchmarks/loop_variants.py``): images/s, ratios to the baseline
-    and to the bare step, the profile of the baseline and of the replayed batch."""
-    import torch
-
-    _device(dry)
-    torch.set_num_threads(1 if dry else max(1, os.cpu_count() or 1))
-    import vissl  # noqa: F401
-
-    lv = _bench_module("loop_variants")
-    limit = limit or LIMITS["loop_variants"][1 if dry else 0]
-    budget = max(30.0, limit - LOOP_VARIANTS_MARGIN_S) if not dry else limit
-    with tempfile.TemporaryDirectory() as tmp:
-        return lv.run_variants(dry, tmp, budget, say=lambda m: print(m, flush=True))
-
-
-def section_flagship(dry, limit=None):
-    """pretrain/swav/swav_8node_resnet on one GPU for 100 iterations (``benchmarks/loop_variants.py``)."""
-    import torch
-
-    _device(dry)
-    torch.set_num_threads(1 if dry else max(1, os.cpu_count() or 1))
-    import vissl  # noqa: F401
-
-    lv = _bench_module("loop_variants")
-    limit = limit or LIMITS["flagship"][1 if dry else 0]
-    with tempfile.TemporaryDirectory() as tmp:  # the loop's own limit leaves time for imports and images
-        return lv.flagship(dry, tmp, limit_s=max(20.0, limit - 20), say=lambda m: print(m, flush=True))
 
 
 def _write_fake_fashion_mnist(root, n_train, n_test, seed=0):
@@ -516,9 +433,8 @@ def section_demo(dry, fashion_mnist=FASHION_MNIST, demo_args="", demo_seeds=""):
                     first.get("knn20_swav") is not None and first["knn20_swav"] >= 90 and wall <= 900))
 
 
-RUNNERS = {"sinkhorn": section_sinkhorn, "train_step": section_train_step, "step_variants": section_step_variants,
-           "pretrain": section_pretrain, "input_pipeline": section_input_pipeline,
-           "loop_variants": section_loop_variants, "flagship": section_flagship, "demo": section_demo}
+RUNNERS = {"sinkhorn": section_sinkhorn, "train_step": section_train_step, "pretrain": section_pretrain,
+           "input_pipeline": section_input_pipeline, "demo": section_demo}
 
 
 # --------------------------------------------------------------------------- parent
@@ -530,9 +446,14 @@ def run_section(name, dry, fashion_mnist, limit=None, demo_args="", demo_seeds="
     limit = limit or LIMITS[name][1 if dry else 0]
     with tempfile.TemporaryDirectory() as tmp:
         res_path = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-out", res_path,
-               "--fashion-mnist", fashion_mnist, "--demo-args=" + demo_args, "--demo-seeds=" + demo_seeds,
-               f"--child-limit={limit}"] + (["--dry-run"] if dry else [])
+        if name in SCRIPT_SECTIONS:  # another benchmark's record: the figures under "results"
+            script, opts = SCRIPT_SECTIONS[name]
+            cmd = [sys.executable, os.path.join(HERE, script), *opts, "--json", res_path,
+                   *([f"--limit={limit}"] if script == "loop_variants.py" else [])]
+        else:
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-out", res_path,
+                   "--fashion-mnist", fashion_mnist, "--demo-args=" + demo_args, "--demo-seeds=" + demo_seeds]
+        cmd += ["--dry-run"] if dry else []
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -545,6 +466,8 @@ def run_section(name, dry, fashion_mnist, limit=None, demo_args="", demo_seeds="
         if rc == 0 and os.path.isfile(res_path):
             with open(res_path) as f:
                 res = json.load(f)
+            if name in SCRIPT_SECTIONS:
+                res = res["results"]
         else:
             res = dict(error=f"exited {rc}", output_tail=out[-3000:])
     res["section_s"] = time.perf_counter() - t0
@@ -705,16 +628,13 @@ def main(argv=None):
                         "(default: one run, the demo's seed); the table gets mean and sd over them")
     p.add_argument("--limit", type=float, default=None,
                    help="time limit of each section, seconds (default: per section, see LIMITS)")
-    p.add_argument("--child", choices=SECTIONS, help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
-    p.add_argument("--child-limit", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         fn = RUNNERS[args.child]
         if args.child == "demo":
             res = fn(args.dry_run, args.fashion_mnist, args.demo_args, args.demo_seeds)
-        elif args.child in ("loop_variants", "flagship"):
-            res = fn(args.dry_run, args.child_limit)
         else:
             res = fn(args.dry_run)
         with open(args.child_out, "w") as f:

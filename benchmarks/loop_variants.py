@@ -1,7 +1,11 @@
 """Where a real training run's time goes: VISSL's own training loop, timed per variant.
 
-Used by ``benchmarks/gpu_check.py`` (sections ``loop_variants`` and ``flagship``); no
-``bench_`` file, so ``make bench`` leaves it out.
+``benchmarks/gpu_check.py`` runs it as its sections ``loop_variants`` and ``flagship``
+(``--flagship``); no ``bench_`` file, so ``make bench`` leaves it out.
+
+usage: python benchmarks/loop_variants.py [--dry-run] [--flagship] [--limit SECONDS] [--json out.json]
+``--limit``: the run's whole time limit (the variants share it; default 225 s, the dry run 1800);
+``--dry-run``: the CPU, the small trunk on 40-60 px JPEGs (checks the code, measures nothing).
 
 Each variant is one short run of VISSL's real training loop, in this process:
 ``SelfSupervisionTrainer(cfg, ...).train()`` with the hooks of ``default_hook_generator``
@@ -25,16 +29,28 @@ directly, the device synchronised before and after each call, median): the figur
 A variant can profile a few iterations after its timed window (``torch.profiler``, CPU and
 CUDA activities): the ops with the largest self CPU and self CUDA times, ms per iteration.
 """
+import argparse
 import gc
 import math
 import os
 import signal
 import statistics
+import tempfile
 import time
 
 import numpy as np
 
-from bench_train_step import _Replay  # the same batch forever (benchmarks/ is on sys.path: gpu_check, a script)
+from vissl_swav_plugin.tools import bench_recipes as br
+from vissl_swav_plugin.tools.bench_recipes import compose
+from vissl_swav_plugin.utils import benchmarking as bm
+
+#: the variants stop starting this many seconds before ``--limit`` (imports, image writing and the
+#: last variant's clean-up)
+MARGIN_S = 25
+#: ``--limit``'s default, seconds (GPU run / dry run)
+LIMITS = {"loop_variants": (225, 1800), "flagship": (75, 1800)}
+FLAGSHIP = "pretrain/swav/swav_8node_resnet"
+ONE_PROCESS = ["config.DISTRIBUTED.NUM_NODES=1", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1"]
 
 # --------------------------------------------------------------------------- images
 
@@ -125,7 +141,7 @@ def _register_replay_step():
 
     @register_train_step("gpu_check_replay_step")
     def gpu_check_replay_step(task):
-        if not isinstance(task.data_iterator, _Replay):
+        if not isinstance(task.data_iterator, br.Replay):
             import torch
             from classy_vision.generic.util import recursive_copy_to_gpu
 
@@ -133,7 +149,7 @@ def _register_replay_step():
             if task.device.type == "cuda":
                 batch = recursive_copy_to_gpu(batch, non_blocking=False)
                 torch.cuda.synchronize()
-            task.data_iterator = _Replay(batch, len(task.data_iterator))
+            task.data_iterator = br.Replay(batch, len(task.data_iterator))
         return get_train_step("standard_train_step")(task)
 
 
@@ -261,14 +277,6 @@ def summarize_profile(prof, iters, cuda, top=12):
     return out
 
 
-def compose(overrides):
-    """VISSL's config for Hydra overrides, through the plugin's inference and checks."""
-    from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
-
-    _, cfg = convert_to_attrdict(compose_hydra_configuration(list(overrides)), dump_config=False)
-    return cfg
-
-
 def _shutdown_loaders(task):
     """Stop the loader workers of ``task`` now (persistent workers outlive their iterator)."""
     seen = set()
@@ -309,7 +317,7 @@ def run_loop(cfg, ckpt, warmup, measure, limit_s, cuda, profile_iters=0, bare_st
     from vissl.utils.logger import setup_logging, shutdown_logging
     from vissl.utils.misc import set_seeds, setup_multiprocessing_method
 
-    from vissl_swav_plugin.config.validation import run_launch_checks
+    from vissl_swav_plugin.config.registries import run_launch_checks
 
     _register_replay_step()
     os.makedirs(ckpt, exist_ok=True)
@@ -392,21 +400,7 @@ def run_loop(cfg, ckpt, warmup, measure, limit_s, cuda, profile_iters=0, bare_st
 
 def init_process_group(cuda):
     """One-process group (NCCL on the GPU, gloo on the CPU), as VISSL's launcher makes."""
-    import socket
-
-    import torch
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    if cuda:
-        torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            world_size=1, rank=0)
+    br.init_process_group("nccl" if cuda else "gloo")
 
 
 # --------------------------------------------------------------------------- variants
@@ -494,7 +488,7 @@ def run_variants(dry, tmp, budget_s, measure=None, say=print):
 
     cuda = not dry
     cores = os.cpu_count() or 2
-    batch = 4 if dry else 64
+    batch = 4 if dry else br.recipe(br.PAPER_CONFIG).batch
     measure = measure or (4 if dry else 25)
     per_variant = 60 if dry else 35
     t_section = time.perf_counter()
@@ -573,15 +567,14 @@ def flagship(dry, tmp, iterations=None, limit_s=None, say=print):
     LARC, the queue and the schedule as the config has them), ``iterations`` iterations of
     VISSL's loop on generated JPEGs: the losses, images/s, the non-finite guard."""
     cuda = not dry
-    batch = 4 if dry else 64
+    batch = 4 if dry else br.recipe(FLAGSHIP, ONE_PROCESS).batch  # the config's batch per GPU
     iterations = iterations or (6 if dry else 100)
     paths, kb = write_jpegs(os.path.join(tmp, "jpegs"), 16 if dry else 512, tiny=dry)
     filelist = write_filelist(paths, batch * (iterations + 20), os.path.join(tmp, "filelist.npy"))
     init_process_group(cuda)
     ckpt = os.path.join(tmp, "ckpt")
     ov = [
-        "config=pretrain/swav/swav_8node_resnet",
-        "config.DISTRIBUTED.NUM_NODES=1", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
+        f"config={FLAGSHIP}", *ONE_PROCESS,
         "config.DATA.TRAIN.DATA_SOURCES=[disk_filelist]", "config.DATA.TRAIN.DATASET_NAMES=[gpu_check_jpegs]",
         f"config.DATA.TRAIN.DATA_PATHS=[{filelist[0]}]", "config.DATA.TRAIN.LABEL_SOURCES=[disk_filelist]",
         f"config.DATA.TRAIN.LABEL_PATHS=[{filelist[1]}]", f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={batch}",
@@ -617,3 +610,38 @@ def flagship(dry, tmp, iterations=None, limit_s=None, say=print):
                 loss_falling=bool(finite and last < first), nonfinite_guard_fired=guard,
                 images_per_s=res.get("images_per_s"), status=res["status"], wall_s=res["wall_s"],
                 timed_iterations=res["timed_iterations"], start_method="fork")
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: checks the code, measures nothing")
+    p.add_argument("--flagship", action="store_true",
+                   help="run pretrain/swav/swav_8node_resnet on one device instead of the variants")
+    p.add_argument("--limit", type=float, default=None, help="the run's time limit, seconds")
+    p.add_argument("--json", default="", help="also write the figures to this file")
+    args = p.parse_args(argv)
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        p.error("no CUDA device is visible (use --dry-run on a CPU machine)")
+    torch.set_num_threads(1 if args.dry_run else max(1, os.cpu_count() or 1))
+    import vissl  # noqa: F401  (registers the plugin)
+
+    name = "flagship" if args.flagship else "loop_variants"
+    limit = args.limit or LIMITS[name][1 if args.dry_run else 0]
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.flagship:  # the loop's own limit leaves time for imports and images
+            res = flagship(args.dry_run, tmp, limit_s=max(20.0, limit - 20), say=say)
+        else:
+            budget = limit if args.dry_run else max(30.0, limit - MARGIN_S)
+            res = run_variants(args.dry_run, tmp, budget, say=say)
+    bm.write_json(args.json, bm.record(name, __file__, argv, res, dry_run=args.dry_run, limit_s=limit))
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -14,7 +14,8 @@ stopped and started again.  Each run folder records the extra ``tools/demo.py`` 
 made with (``recipe_table_args.json``); asking for that run again with other ``--extra`` arguments
 is an error (use another ``--out``).  A run folder from before this record reads as "not
 recorded" and is reused only without ``--extra``.  The table goes to OUT/table.md and OUT/table.json and holds
-every finished run under OUT, from this invocation and earlier ones, with its extra arguments.
+every finished run under OUT, from this invocation and earlier ones, with its extra arguments;
+OUT/recipe_table.json records this invocation (machine, date, command line, what it asked for).
 A run whose demo exits non-zero is a "failed" row; the other runs still go ahead, and the command
 then exits 1, naming each failed run and its log.
 OUT/quality.md sums the runs up per recipe and set: SwAV's kNN mean ± standard deviation over the
@@ -33,6 +34,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from vissl_swav_plugin.utils import benchmarking as bm
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_DIR = re.compile(r"^(quick|full)_(.+)_s(\d+)$")
@@ -284,6 +287,9 @@ def main(argv=None):
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     sets = [s.split("=", 1) for s in args.sets.split(",")]
+    bm.write_json(str(out / "recipe_table.json"), bm.record(
+        "recipe_table", __file__, argv, None, modes=args.modes.split(","), sets=dict(sets),
+        seeds=[int(s) for s in args.seeds.split(",")], extra=args.extra))
     rows = []
     try:
         for mode in args.modes.split(","):

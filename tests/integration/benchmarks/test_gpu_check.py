@@ -112,16 +112,21 @@ def test_loop_variants_record(dry_run):
 def test_step_variants_record(dry_run):
     _, doc, _ = dry_run
     sv = doc["results"]["step_variants"]
-    assert set(sv["variants"]) == {"vissl", "ours", "ours_channels_last", "ours_cudnn_benchmark", "ours_foreach_larc"}
+    assert set(sv["variants"]) == {"vissl", "ours", "ours_channels_last", "ours_cudnn_benchmark"}
     ref = sv["variants"]["vissl"]
     for name, v in sv["variants"].items():
         assert _positive(v["ms"]) and _positive(v["images_per_s"]), name
         assert v["ratio_to_vissl"] == pytest.approx(v["ms"] / ref["ms"])
         assert v["losses_finite"], name
-        # same weights and batch: equal first losses, to fp16 autocast's precision
-        assert v["first_loss"] == pytest.approx(ref["first_loss"], rel=2e-3), name
-    # the candidate LARC changes no arithmetic of the step's first loss (same model, same batch)
-    assert sv["variants"]["ours_foreach_larc"]["first_loss"] == sv["variants"]["ours"]["first_loss"]
+    # same weights and batch: equal first losses, to fp16 autocast's precision (unit roundoff
+    # 4.9e-4).  Ours against VISSL's: the same layout, so the same sums (2e-3).  Channels-last
+    # against ours: the convolutions sum in another order in fp16, seen up to 0.6% apart on the
+    # CPU (2026-11-26, over 17 draws of the batch): 1e-2.
+    assert sv["variants"]["ours"]["first_loss"] == pytest.approx(ref["first_loss"], rel=2e-3)
+    ours = sv["variants"]["ours"]["first_loss"]
+    assert sv["variants"]["ours_channels_last"]["first_loss"] == pytest.approx(ours, rel=1e-2)
+    # cudnn.benchmark changes no arithmetic on the CPU (same model, same batch)
+    assert sv["variants"]["ours_cudnn_benchmark"]["first_loss"] == sv["variants"]["ours"]["first_loss"]
     assert sv["use_larc"] is True
 
 
