@@ -5,6 +5,10 @@ order) and the PNG / ImageFolder writing are those of ``tools/prepare_fashion_mn
 (:mod:`vissl_swav_plugin.tools.fashion_mnist`), called here; this module adds the demo's folder naming,
 the lock that lets concurrent demos / tests share a data folder, and the in-memory copies
 of the same images used by the kNN evaluation.
+
+The step walks down once: the four IDX files are found (a missing one is named before
+anything is read or written), each is read once, and the ImageFolder and the in-memory
+subsets are made from those arrays.
 """
 import fcntl
 from pathlib import Path
@@ -17,7 +21,7 @@ def load_data_tool():
 
     Returns:
         The module :mod:`vissl_swav_plugin.tools.fashion_mnist` (``prepare``, ``load_split``,
-        ``select_indices``, ``find_source``, ``DataToolError``, ...).
+        ``find_sources``, ``read_split``, ``select_indices``, ``DataToolError``, ...).
     """
     from vissl_swav_plugin.tools import fashion_mnist
 
@@ -51,13 +55,12 @@ def prepare_data(source, data_dir, train_per_class, test_per_class):
 
 
 def _prepare_data(tool, source, data_dir, train_per_class, test_per_class):
-    for split in ("train", "val"):  # name a missing file before anything is written
-        for kind in ("images-idx3", "labels-idx1"):
-            tool.find_source(source, split, kind)
+    files = tool.find_sources(source, ("train", "val"))  # name a missing file before anything is read or written
+    arrays = {split: tool.read_split(paths) for split, paths in files.items()}  # each IDX file read once
     folder = data_dir / f"fashion_mnist_{train_per_class}pc"
-    summary = write_image_folder(tool, source, folder, train_per_class)
-    train_x, train_y, keep = _subset(tool, source, "train", train_per_class)
-    test_x, test_y, keep_test = _subset(tool, source, "val", test_per_class)
+    summary = write_image_folder(tool, source, folder, train_per_class, train=arrays["train"])
+    train_x, train_y, keep = _subset(tool, *arrays["train"], train_per_class)
+    test_x, test_y, keep_test = _subset(tool, *arrays["val"], test_per_class)
     n_written = sum(summary["splits"]["train"]["counts"])
     if n_written != len(keep):
         raise DemoError(f"{folder}: holds {n_written} training images, expected {len(keep)}")
@@ -68,10 +71,12 @@ def _prepare_data(tool, source, data_dir, train_per_class, test_per_class):
     )
 
 
-def write_image_folder(tool, source, folder, per_class):
+def write_image_folder(tool, source, folder, per_class, train=None):
     """The training subset as ``folder/train/<label>_<name>/<index>.png``, one writer at a
     time (an exclusive ``flock`` on ``.<folder name>.lock`` next to it); a folder already
-    complete with these settings is reused, an interrupted write is redone.
+    complete with these settings is reused, an interrupted write is redone.  ``train``: the
+    training split's ``(images, labels)`` already read from ``source`` (else the tool reads
+    it when the folder has to be written).
 
     Returns:
         The data tool's summary (``summary["splits"]["train"]`` has ``dir`` and ``counts``).
@@ -81,11 +86,11 @@ def write_image_folder(tool, source, folder, per_class):
         fcntl.flock(lock, fcntl.LOCK_EX)
         return tool.prepare(folder, source=source, splits=("train",), limit_per_class=per_class,
                             formats=("folder",), verbose=False,
-                            force=True)  # the folder is the demo's own: redo an interrupted write
+                            force=True,  # the folder is the demo's own: redo an interrupted write
+                            preloaded=None if train is None else {"train": train})
 
 
-def _subset(tool, source, split, per_class):
+def _subset(tool, images, labels, per_class):
     """(images, labels, indices) of the first ``per_class`` images of each class of a split."""
-    images, labels = tool.load_split(source, split)
     keep = tool.select_indices(labels, per_class)
     return images[keep], labels[keep], keep

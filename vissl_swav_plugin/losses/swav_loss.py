@@ -3,8 +3,9 @@ Sec. 3.2), registered as ``swav_plugin_loss``.
 
 For every prototype set ``h`` and every crop ``i`` in ``crops_for_assign`` (the global
 crops), codes ``q_i`` are computed by Sinkhorn-Knopp on that crop's scores (optionally
-extended with the queue of earlier embeddings, scored with the *current* prototypes),
-and predicted from every other crop ``v != i``::
+extended with the queue of earlier embeddings, scored with set ``h``'s *current*
+prototypes: one queue serves every prototype set, as the official code keeps one), and
+predicted from every other crop ``v != i``::
 
     L = mean_h mean_i  1/(V-1) sum_{v != i}  mean_b  -sum_k q_i[b,k] log softmax(s_v[b] / T)_k
 
@@ -17,7 +18,6 @@ crop-major (crop 0 of every image, then crop 1, ...), as VISSL's multicrop colla
 produces.
 """
 import logging
-import math
 import pprint
 from typing import List, Optional, Sequence
 
@@ -94,7 +94,8 @@ def summarize_codes(codes: Sequence[torch.Tensor]) -> dict:
 class SwAVQueue(nn.Module):
     """Per-rank FIFO of past embeddings of the assigned crops (paper: "Working with small
     batches").  Rows ``[0, filled)`` are valid, newest first.  The queue stores embeddings,
-    not scores: scores are recomputed with the current prototypes at every step.
+    not scores: scores are recomputed with the current prototypes at every step, so one
+    queue serves every prototype set (the loss keeps one, whatever the number of sets).
 
     Checkpointing: VISSL writes ``loss.state_dict()`` from rank 0 only, so before a
     checkpoint the hook calls :meth:`gather_for_checkpoint`, which collects every rank's
@@ -179,6 +180,50 @@ class SwAVQueue(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
+def merge_per_head_queue_state(state_dict, prefix: str = "") -> int:
+    """Convert, in place, a loss state written when every prototype set kept its own copy of
+    the queue (``queues.<h>.*``, h = 0 .. H-1) to the current layout: one queue, ``queues.0.*``.
+
+    The copies were fed the same embeddings at the same steps, switched on together and
+    gathered together, so they are equal; the keys of sets 1 .. H-1 are checked against set
+    0's and dropped.  A single-set state (or one already converted) is left as it is.
+
+    Args:
+        state_dict: the loss's state (VISSL's checkpoint ``["loss"]``), modified in place.
+        prefix: the loss's key prefix in ``state_dict`` (``""`` for a loss state).
+
+    Returns:
+        The number of per-set queues dropped (0: nothing to convert).
+
+    Raises:
+        ValueError: a dropped copy differs from set 0's queue, or set 0's key is missing
+            (then the state was not written by this loss).
+    """
+    head = prefix + "queues."
+    dropped = set()
+    for key in [k for k in state_dict if k.startswith(head)]:
+        index, _, name = key[len(head):].partition(".")
+        if not index.isdigit() or int(index) == 0 or not name:
+            continue
+        ref, val = state_dict.get(head + "0." + name), state_dict.pop(key)
+        same = (ref is not None and ref.shape == val.shape and ref.dtype == val.dtype
+                and bool(((ref == val) | (ref != ref) & (val != val)).all()))  # NaN == NaN here
+        if not same:
+            raise ValueError(
+                f"{LOSS_NAME}: the loss state's queue of prototype set {index} ({key}) differs from "
+                f"set 0's ({head}0.{name}); {LOSS_NAME} keeps one queue for every prototype set and "
+                "can only merge equal per-set copies (as it wrote them); resume without the queue "
+                f"state (LOSS.{LOSS_NAME}.queue.queue_length=0) or from another checkpoint"
+            )
+        dropped.add(index)
+    if dropped:
+        logging.info(
+            f"{LOSS_NAME}: the loss state holds {len(dropped) + 1} equal per-prototype-set queues; "
+            "loaded as one queue for every set"
+        )
+    return len(dropped)
+
+
 @register_loss(LOSS_NAME)
 class SwAVPluginLoss(ClassyLoss):
     """SwAV's swapped-prediction loss (paper Sec. 3, Eq. 1-3, multi-crop Eq. 4), registered as
@@ -243,10 +288,11 @@ class SwAVPluginLoss(ClassyLoss):
         self.queue_start_epoch = int(queue_opt["start_epoch"])
         self.queue_use_before_full = bool(queue_opt["use_before_full"])
         local_len = int(queue_opt["local_queue_length"] or 0)
+        # one queue of embeddings for every prototype set (each scores it with its own
+        # prototypes); a list of one, so that the state keys stay ``queues.0.*``
         self.queues = nn.ModuleList(
-            SwAVQueue(len(self.crops_for_assign), local_len, self.embedding_dim)
-            for _ in self.num_prototypes
-        ) if local_len > 0 else nn.ModuleList()
+            [SwAVQueue(len(self.crops_for_assign), local_len, self.embedding_dim)] if local_len > 0 else []
+        )
         self.register_buffer("num_iteration", torch.zeros((), dtype=torch.long))
         # set by SwAVAssignmentHook at every forward: the live prototype layers
         self._prototypes: Optional[List[nn.Module]] = None
@@ -267,6 +313,11 @@ class SwAVPluginLoss(ClassyLoss):
         return len(self.queues) > 0
 
     @property
+    def queue(self) -> Optional[SwAVQueue]:
+        """The queue of embeddings every prototype set scores (None without a queue)."""
+        return self.queues[0] if self.has_queue else None
+
+    @property
     def queue_active(self) -> bool:
         """Whether the queue is being filled (from epoch ``queue.start_epoch`` on)."""
         return self.has_queue and bool(self.queues[0].active)
@@ -283,20 +334,26 @@ class SwAVPluginLoss(ClassyLoss):
 
     def gather_queues_for_checkpoint(self) -> None:
         """Collective: collect every rank's queue into rank 0's next ``state_dict``."""
-        for q in self.queues:
-            q.gather_for_checkpoint()
+        if self.has_queue:
+            self.queue.gather_for_checkpoint()
 
     def queue_summary(self) -> dict:
-        """The first queue's :meth:`SwAVQueue.summary` (empty without a queue)."""
-        return self.queues[0].summary() if self.has_queue else {}
+        """The queue's :meth:`SwAVQueue.summary` (empty without a queue)."""
+        return self.queue.summary() if self.has_queue else {}
 
     def queue_in_use(self, head_id: int) -> bool:
-        """Whether this step's codes include the queue of prototype set ``head_id``: the
-        queue is active and full (official code), or has any row with ``use_before_full``."""
+        """Whether this step's codes of prototype set ``head_id`` include the queue: the
+        queue is active and full (official code), or has any row with ``use_before_full``.
+        The one queue serves every set, so the answer is the same for all of them."""
         if not self.queue_active:
             return False
-        q = self.queues[head_id]
+        q = self.queue
         return q.full or (self.queue_use_before_full and int(q.filled) > 0)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # a state written when every prototype set kept its own queue: merged into one
+        merge_per_head_queue_state(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # -- forward ------------------------------------------------------------------------
     def codes_for(self, scores: torch.Tensor, head_id: int, crop_slot: int, bs: int) -> torch.Tensor:
@@ -309,7 +366,7 @@ class SwAVPluginLoss(ClassyLoss):
         with torch.no_grad(), autocast_disabled(scores):
             s = scores[bs * crop : bs * (crop + 1)].detach()
             if self.queue_in_use(head_id):
-                queue = self.queues[head_id].valid(crop_slot)
+                queue = self.queue.valid(crop_slot)
                 if self._prototypes is None:
                     raise RuntimeError(
                         f"{LOSS_NAME}: the queue is active but no prototypes were attached; "
@@ -331,7 +388,8 @@ class SwAVPluginLoss(ClassyLoss):
     def forward(self, output, target=None):
         """The SwAV loss of the head output ``[embeddings, scores_0, scores_1, ...]``,
         averaged over prototype sets; pushes the assigned crops' embeddings into the queue
-        when it is active (after the codes are computed, as the official code)."""
+        when it is active (after the codes are computed, as the official code; one push
+        into the queue that every prototype set scores)."""
         if not isinstance(output, (list, tuple)) or len(output) < 2:
             raise ValueError(
                 f"{LOSS_NAME} expects the head output [embeddings, scores_0, ...]; got "
@@ -362,8 +420,7 @@ class SwAVPluginLoss(ClassyLoss):
         loss = loss / len(all_scores)
         self.last_code_stats = code_stats
         if self.queue_active:
-            for q in self.queues:
-                q.push([emb[bs * c : bs * (c + 1)] for c in self.crops_for_assign])
+            self.queue.push([emb[bs * c : bs * (c + 1)] for c in self.crops_for_assign])
         self.num_iteration += 1
         return loss
 

@@ -91,10 +91,21 @@ def find_idx(source, split: str, kind: str, hint: str = "") -> Path:
     raise DataToolError(f"IDX source file not found: {candidates[0]} (nor {candidates[1].name}){hint}")
 
 
+def find_idx_split(source, split: str, hint: str = "") -> Tuple[Path, Path]:
+    """(images file, labels file) of an IDX split, found by :func:`find_idx` (images first)."""
+    return find_idx(source, split, "images-idx3", hint), find_idx(source, split, "labels-idx1", hint)
+
+
 def load_idx_split(source, split: str, num_classes: Optional[int] = None, hint: str = ""):
     """(images uint8 [N, H, W], labels int64 [N]) of an IDX split; labels must lie in
     ``0..num_classes-1`` when ``num_classes`` is given."""
-    ipath, lpath = find_idx(source, split, "images-idx3", hint), find_idx(source, split, "labels-idx1", hint)
+    return read_idx_split(*find_idx_split(source, split, hint), num_classes)
+
+
+def read_idx_split(ipath, lpath, num_classes: Optional[int] = None):
+    """:func:`load_idx_split` for files already found (:func:`find_idx_split`): each file is
+    read once, then the images must be 3-D, one label per image, labels in
+    ``0..num_classes-1`` when ``num_classes`` is given."""
     images, labels = read_idx(ipath), read_idx(lpath).astype(np.int64)
     if images.ndim != 3:
         raise DataToolError(f"{ipath}: expected 3-D image data, got shape {images.shape}")

@@ -96,11 +96,13 @@ def detect_kind(source) -> str:
 class Source:
     """One dataset source: ``splits()`` names what it has, ``load(split)`` gives
     ``(items, labels)`` (items: an image array or a list of files), ``names(labels)`` its
-    class names."""
+    class names.  ``preloaded`` ({split: (items, labels)}, IDX sources) holds splits the
+    caller has already read: ``load`` returns them instead of reading the files again."""
 
-    def __init__(self, source, kind, dataset, class_names, val_fraction, seed):
+    def __init__(self, source, kind, dataset, class_names, val_fraction, seed, preloaded=None):
         self.path, self.kind, self.dataset = Path(source), kind, dataset
         self.given, self.val_fraction, self.seed = class_names, val_fraction, seed
+        self.preloaded = dict(preloaded or {})
         self._cache, self._source_names, self.unlabelled = None, None, False
         self.hint = FASHION_HINT if dataset == "fashion_mnist" else ""
 
@@ -120,6 +122,8 @@ class Source:
 
     def load(self, split):
         """The images and labels of ``split``."""
+        if split in self.preloaded:
+            return self.preloaded[split]
         if self.kind == "idx":
             n = len(self.given or ds.PRESETS.get(self.dataset) or []) or None
             return ds.load_idx_split(self.path, split, n, self.hint)
@@ -234,7 +238,7 @@ def _dataset_name(source, dataset):
 
 def prepare(out, source=ds.FASHION_MNIST_SOURCE, splits=None, limit_per_class=None, size=None, rgb=False,
             formats=FORMATS, catalog=None, name=None, force=False, verbose=True, *, kind="auto",
-            dataset="auto", class_names=None, val_fraction=None, seed=0, tool="prepare-data"):
+            dataset="auto", class_names=None, val_fraction=None, seed=0, tool="prepare-data", preloaded=None):
     """Write the requested splits of ``source`` under ``out`` (see the module docstring).
 
     Args:
@@ -253,6 +257,10 @@ def prepare(out, source=ds.FASHION_MNIST_SOURCE, splits=None, limit_per_class=No
         class_names: names (a list) overriding every other source of names.
         val_fraction: hold out this fraction of each class as "val" (sources without one).
         seed: seed of that hold-out; tool: the name messages start with.
+        preloaded: ``{split: (images, labels)}`` of an IDX ``source`` the caller has already
+            read (and checked) as :func:`.data_sources.load_idx_split` does: the splits are
+            written from these arrays, the files are not read again (the demo reads its
+            source once).  The folder's settings, and so its reuse, are unchanged.
 
     Returns:
         ``dict(out, splits={split: dict(dir, counts[, filelist])}, catalog, dataset_names, class_names)``.
@@ -266,7 +274,9 @@ def prepare(out, source=ds.FASHION_MNIST_SOURCE, splits=None, limit_per_class=No
         dataset = "fashion_mnist" if kind == "idx" and "fashion" in source.name.lower() else None
     name = name or _dataset_name(source, dataset)
     formats = list(dict.fromkeys(formats))
-    src = Source(source, kind, dataset, class_names, val_fraction, seed)
+    if preloaded and kind != "idx":
+        raise DataToolError(f"preloaded splits are for IDX sources, not kind {kind!r}")
+    src = Source(source, kind, dataset, class_names, val_fraction, seed, preloaded)
     _check_args(list(splits or []), formats, limit_per_class, size, val_fraction)
     if not source.exists() and kind != "idx":
         raise DataToolError(f"source not found: {source}")

@@ -220,7 +220,7 @@ def test_sela_freezes_the_prototypes_during_the_first_epoch():
 def test_bad_option_values_name_the_key_at_run_time(kind, key, value):
     from vissl.config import AttrDict
 
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
     from vissl_swav_plugin.losses.deepcluster_v2 import DeepClusterV2PluginLoss
     from vissl_swav_plugin.losses.sela_v2 import SeLaV2PluginLoss
 
@@ -238,7 +238,7 @@ def test_one_defaults_table_feeds_the_loss_and_its_validation(kind, monkeypatch)
     values (a broken default is reported by the validation, not only by ``__init__``)."""
     from vissl.config import AttrDict
 
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
     from vissl_swav_plugin.losses.deepcluster_v2 import DeepClusterV2PluginLoss
     from vissl_swav_plugin.losses.sela_v2 import SeLaV2PluginLoss
 

@@ -46,7 +46,7 @@ LD, LS = "config.LOSS.deepclusterv2_plugin_loss", "config.LOSS.selav2_plugin_los
     (SL_CFG, "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[64,16]}]]", "MODEL.HEAD.PARAMS"),  # nothing to learn
 ])
 def test_bad_config_value_names_the_key(base, override, key):
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose([base, override])
@@ -134,7 +134,7 @@ def test_sela_soft_labels_loss():
 def test_runtime_checks_name_the_key():
     from vissl.config import AttrDict
 
-    from vissl_swav_plugin.config.validation import ConfigError
+    from vissl_swav_plugin.config.checkers import ConfigError
 
     with pytest.raises(ConfigError, match="num_clusters"):
         make_loss("deepclusterv2", num_clusters=[11])  # more clusters than samples

@@ -10,7 +10,7 @@ from PIL import Image
 import vissl  # noqa: F401  (registers the plugin)
 from multicrop_helpers import make_fake_fashion
 from testkit import compose, make_image_folder
-from vissl_swav_plugin.config.validation import ConfigError
+from vissl_swav_plugin.config.checkers import ConfigError
 from vissl_swav_plugin.tools import mean_std, prepare_data
 from vissl_swav_plugin.tools.data_sources import FASHION_MNIST_CLASSES, DataToolError
 
