@@ -1,4 +1,4 @@
-"""Helpers for tests/test_compat.py and tests/test_host_regression.py (plain module, not a package).
+"""Helpers for tests/unit/compat/test_compat.py and tests/unit/compat/test_host_regression.py (plain module, not a package).
 
 Configs are written under ``<run dir>/configs/config/compat_test/`` and selected with
 ``config=compat_test/<name>``: VISSL's Hydra plugin searches ``./configs`` of the working
@@ -334,7 +334,7 @@ def load_images(folder):
     return x, y
 
 
-from reference_swav import reference_knn  # noqa: E402,F401  (H.reference_knn: one copy, in tests/reference_swav.py)
+from reference_swav import reference_knn  # noqa: E402,F401  (H.reference_knn: one copy, in tests/helpers/reference_swav.py)
 
 
 def voc_ap(targets, scores):

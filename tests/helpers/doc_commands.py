@@ -609,7 +609,7 @@ def _compose_main(jobs):
     vissl_swav_plugin.register_all()
     from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
 
-    from vissl_swav_plugin.config.validation import run_launch_checks
+    from vissl_swav_plugin.config.registries import run_launch_checks
 
     errors = []
     for job in jobs:

@@ -20,7 +20,7 @@ from .common import CONFIG, TRAIN_LOG, DemoError, compose_config, fmt_secs
 
 LAUNCHER = ["-m", "vissl_swav_plugin.tools.launch"]  # = tools/run_distributed_engines.py, also from a wheel
 #: how the collapse detector's warning starts: ``collapse_report.COLLAPSE_HEADLINE`` (not imported
-#: here: that module pulls in torch; tests/test_demo.py checks the two are equal)
+#: here: that module pulls in torch; tests/unit/demo/test_demo.py checks the two are equal)
 COLLAPSE_HEADLINE = "COLLAPSE DETECTED"
 
 

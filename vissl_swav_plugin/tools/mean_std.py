@@ -11,7 +11,7 @@ The result is written as a config file of the group ``config/dataset_stats``
 (:mod:`vissl_swav_plugin.config.dataset_stats`), by default in the working directory's
 ``configs/``, which VISSL's Hydra search path reads first::
 
-    swav-plugin-mean-std data/mine/train --name mine        # -> configs/config/dataset_stats/mine.yaml
+    swav-plugin-mean-std data/mine/train --name mine        # -> ./configs/config/dataset_stats/mine.yaml
     swav-plugin-train config=pretrain/swav/swav_fashion_mnist_cpu +config/dataset_stats=mine ...
 
 ``--limit N`` reads only the first N images (sorted paths; evenly spaced with ``--spread``).

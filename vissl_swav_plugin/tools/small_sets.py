@@ -1,6 +1,6 @@
 """Two more small grayscale image sets in Fashion-MNIST's layout, for ``tools/demo.py --source``:
-the sets on which the demo's recipes are checked beside Fashion-MNIST (docs/experiments/collapse.md,
-we measured").
+the sets on which the demo's recipes are checked beside Fashion-MNIST (docs/demo.md; the studies:
+docs/experiments/recipe.md, docs/experiments/collapse.md).
 
 * ``animal_mnist``: Animal-MNIST (PyPI ``animal-mnist``, 10 classes, 10,000 images of 28x28),
   read from the installed package or its wheel (``pip download --no-deps animal-mnist``);

@@ -17,7 +17,7 @@ Zen 5 (1.25-1.38x the iterations per second; docs/demo.md).  So the choice is me
   file (with a warning) or ``remeasure`` measure again.
 
 The step itself (the model, the data shapes, the threads) is the caller's: this module
-knows nothing of VISSL (``vissl_swav_plugin.demo.training.demo_step_timer`` builds the
+knows nothing of VISSL (``vissl_swav_plugin.demo.training.step_timer`` builds the
 demo's).
 """
 import contextlib

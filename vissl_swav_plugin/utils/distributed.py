@@ -9,7 +9,7 @@ group with more than one process is initialised", ``True`` / ``False`` force it.
 
 Example::
 
-    >>> from vissl_swav_plugin import distributed as D
+    >>> from vissl_swav_plugin.utils import distributed as D
     >>> D.rank(), D.world_size()          # outside a process group
     (0, 1)
 """

@@ -19,7 +19,7 @@ per-sample shift is undone exactly by the initial column scaling
 ``v0_b = exp((m_b - M) / eps)`` with ``M`` the global maximum, so the iterates equal the
 paper's.
 
-Range (measured, see ``tests/test_sinkhorn.py::test_codes_finite_for_every_epsilon``): this
+Range (measured, see ``tests/unit/utils/test_sinkhorn.py::test_codes_finite_for_every_epsilon``): this
 fast path is exact only while ``exp`` of the scaled scores stays representable.  Before the
 fallback below, unit-vector scores gave NaN codes for ``epsilon <= ~3e-9`` in fp32 and
 ``<= ~1e-20`` in fp64 (the rounding error of ``max(S) / eps``, up to ``|S| / eps * 2^-24``,

@@ -4,7 +4,7 @@
 of our small trunk saved as VISSL saves it.
 
 Truths: scikit-learn's KNeighborsClassifier on pixels read here with PIL + torchvision
-(raw pixels), and the weighted kNN of tests/reference_swav.py on the features VISSL extracted
+(raw pixels), and the weighted kNN of tests/helpers/reference_swav.py on the features VISSL extracted
 (checkpoint and random initialisations).
 """
 import json

@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 import vissl  # noqa: F401  (registers the plugin)
-from vissl_swav_plugin.config.validation import ConfigError
+from vissl_swav_plugin.config.checkers import ConfigError
 from vissl_swav_plugin.transforms import device_augment as da
 from vissl_swav_plugin.transforms import device_step as ds
 from vissl_swav_plugin.transforms import multicrop_ops as ops

@@ -116,7 +116,7 @@ def test_an_unknown_value_is_an_error_naming_the_variable(folder, monkeypatch):
 
 
 def test_the_launcher_warns_with_a_count_and_examples(folder, monkeypatch, caplog):
-    from vissl_swav_plugin.config.validation import run_launch_checks
+    from vissl_swav_plugin.config.registries import run_launch_checks
 
     root, _ = folder
     monkeypatch.delenv("VISSL_SWAV_PLUGIN_EXIF", raising=False)

@@ -15,7 +15,7 @@ from PIL import Image
 import vissl  # noqa: F401  (registers the plugin)
 from classy_vision.dataset.transforms import build_transform
 from testkit import compose, folder_data_overrides, make_image_folder
-from vissl_swav_plugin.config.validation import ConfigError
+from vissl_swav_plugin.config.checkers import ConfigError
 from vissl_swav_plugin.transforms.standardize import PerImageStandardize, standardize_
 
 MC = dict(num_crops=[2, 3], size_crops=[28, 16], crop_scales=[[0.3, 1.0], [0.1, 0.3]], blur_p=0.5)
