@@ -6,6 +6,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.deps-$(shell cat requirements-host.txt setup.py vissl_swav_plugin.pth | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 
 BUNDLE  ?= offline_bundle
 GPU_VENV ?= .gpu-venv
@@ -21,14 +22,18 @@ $(STAMP): requirements-host.txt setup.py vissl_swav_plugin.pth
 	rm -f $(VENV)/.deps-*
 	touch $@
 
-test: venv
-	$(VPY) -m pytest tests $(PYTEST_ARGS)
+# the linters first, then the suite in $(TEST_WORKERS) worker processes (pytest-xdist; a test
+# file stays in one worker, so its module fixtures run once)
+test: lint
+	$(VPY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
 
 test-fast: venv
 	$(VPY) -m pytest tests/unit $(PYTEST_ARGS)
 
-# the architecture contracts alone (also checked by tests/unit/test_layers.py)
+# ruff (rules in ruff.toml) and the architecture contracts (also checked by
+# tests/unit/package/test_layers.py); `make test` runs it first
 lint: venv
+	$(VENV)/bin/ruff check --no-cache .
 	$(VENV)/bin/lint-imports --config .importlinter --no-cache
 
 demo: venv

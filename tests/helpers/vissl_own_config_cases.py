@@ -1,9 +1,9 @@
-"""The override sets of VISSL v0.1.6's own config tests (``tests/test_configs.py`` and
-``tests/test_losses_config.py`` of facebookresearch/vissl, tag v0.1.6), copied as data (the
+"""The override sets of VISSL v0.1.6's own config tests (VISSL's ``tests/test_configs.py`` and
+VISSL's ``tests/test_losses_config.py``, facebookresearch/vissl tag v0.1.6), copied as data (the
 overrides, not the files), and a runner that composes each one and records the outcome.
 
-Run as a script (``python vissl_own_config_cases.py OUT.json``) it composes every case in this
-process and writes ``{case id: {"outcome": "ok" | exception class, "values": {...}}}``; the
+Run as a script (``python vissl_own_config_cases.py OUT.json [ONLY.json]``) it composes every
+case (or the case ids listed in ``ONLY.json``) in this process and writes ``{case id: {"outcome": "ok" | exception class, "values": {...}}}``; the
 regression guard (``tests/integration/config/test_vissl_own_config_tests.py``) runs it with the
 plugin active and with ``VISSL_SWAV_PLUGIN_DISABLE=1`` and compares.  ``values`` holds what
 VISSL's test asserts for that case (a trunk depth, a learning rate, an added key, the loss built).
@@ -147,12 +147,17 @@ def run_all(cases):
 
 
 def main(argv):
+    """``OUT.json [ONLY.json]``: every case, or only the case ids listed in ``ONLY.json``."""
     import logging
 
     import vissl  # noqa: F401  (the plugin registers here unless VISSL_SWAV_PLUGIN_DISABLE=1)
 
     logging.disable(logging.WARNING)
-    Path(argv[0]).write_text(json.dumps(run_all(all_cases()), indent=1, sort_keys=True))
+    cases = all_cases()
+    if len(argv) > 1:
+        only = set(json.loads(Path(argv[1]).read_text()))
+        cases = {case: spec for case, spec in cases.items() if case in only}
+    Path(argv[0]).write_text(json.dumps(run_all(cases), indent=1, sort_keys=True))
 
 
 if __name__ == "__main__":

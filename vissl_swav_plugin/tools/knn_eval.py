@@ -102,7 +102,7 @@ def split_args(argv):
             try:
                 opts["topk"] = [int(v) for v in value.split(",") if v.strip()]
             except ValueError:
-                raise KnnEvalError(f"--topk must be a comma list of integers, got {value!r}")
+                raise KnnEvalError(f"--topk must be a comma list of integers, got {value!r}") from None
             if not opts["topk"] or min(opts["topk"]) < 1:
                 raise KnnEvalError(f"--topk values must be >= 1, got {value!r}")
         elif name == "--output-json":

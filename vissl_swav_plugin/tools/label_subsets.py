@@ -68,7 +68,7 @@ def select_subsets(labels: np.ndarray, percents, seed: int = 0):
     out = {}
     for p in percents:
         keep = []
-        for c, perm in order.items():
+        for perm in order.values():
             n = max(1, int(round(p / 100.0 * len(perm))))
             keep.append(perm[:n])
         out[p] = np.sort(np.concatenate(keep))
@@ -125,7 +125,7 @@ def main(argv=None):
         try:
             percents = [float(v) for v in args.percent.split(",") if v.strip()]
         except ValueError:
-            raise SubsetToolError(f"--percent must be a comma list of numbers, got {args.percent!r}")
+            raise SubsetToolError(f"--percent must be a comma list of numbers, got {args.percent!r}") from None
         percents = [int(p) if p == int(p) else p for p in percents]
         val_split = None
         if args.dataset:

@@ -103,7 +103,7 @@ def extract_trunk(ckpt, key="auto"):
         try:
             ckpt = ckpt["base_model"]["model"]["trunk"]
         except (KeyError, TypeError):
-            raise ConversionError("classy_state_dict has no base_model.model.trunk")
+            raise ConversionError("classy_state_dict has no base_model.model.trunk") from None
     elif isinstance(ckpt, dict) and "trunk" in ckpt and isinstance(ckpt["trunk"], dict):
         ckpt = ckpt["trunk"]
     return ckpt

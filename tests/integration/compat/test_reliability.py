@@ -284,7 +284,8 @@ def test_stale_partial_files_of_dead_writers_are_cleaned(tmp_path):
     from vissl_swav_plugin.compat import checkpoint_io
 
     # a partial file of a dead process of this host, one of a live process, one of another host
-    dead = subprocess.Popen([sys.executable, "-c", "pass"]); dead.wait()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
     host = checkpoint_io._host()
     names = [f".ckpt_partial_{host}_{dead.pid}_abc.tmp", f".ckpt_partial_{host}_{os.getppid()}_abc.tmp",
              ".ckpt_partial_otherhost_1_abc.tmp"]

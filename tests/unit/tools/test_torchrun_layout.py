@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from testkit import compose
-from vissl_swav_plugin.config.validation import ConfigError
+from vissl_swav_plugin.config.checkers import ConfigError
 from vissl_swav_plugin.tools.torchrun import NotUnderTorchrun, apply_layout, torchrun_layout
 
 
@@ -31,11 +31,11 @@ def test_every_process_of_a_layout_gets_vissls_rank(nnodes, nproc):
     import os
 
     seen = set()
+    cfg = quick(nnodes, nproc)
     for node, local in itertools.product(range(nnodes), range(nproc)):
         lay = torchrun_layout(torchrun_env(nnodes, nproc, node, local))
         assert (lay["num_nodes"], lay["nproc_per_node"], lay["world_size"]) == (nnodes, nproc, nnodes * nproc)
         assert lay["master"] == "node0:29500"
-        cfg = quick(nnodes, nproc) if not seen else cfg
         saved = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
         try:
             set_env_vars(local_rank=lay["local_rank"], node_id=lay["node_rank"], cfg=cfg)
