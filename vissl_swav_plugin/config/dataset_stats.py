@@ -3,7 +3,7 @@
 VISSL's transforms are a list, so their mean/std can only be overridden by position
 (``config.DATA.TRAIN.TRANSFORMS.0.mean=...``), which depends on each config's transform
 chain.  With this key set, the config inference (run by every launcher when it composes a
-config, see :mod:`.config_validation`) copies ``MEAN`` / ``STD`` into every transform of the
+config, see :mod:`vissl_swav_plugin.config.validation`) copies ``MEAN`` / ``STD`` into every transform of the
 split that normalises: ``multicrop_plugin`` and ``Normalize`` (``mean`` / ``std``).  A
 ``multicrop_plugin`` with ``normalize: per_image`` (:mod:`.standardize`) takes no mean/std and
 is left alone; a split where no transform takes them is an error.

@@ -45,7 +45,6 @@ VISSL; :mod:`vissl_swav_plugin.transforms.multicrop_config` parses and validates
 (``MultiCropConfigError``, ``TRANSFORM_NAME``, ``color_jitter``, ...) are importable from
 here too.
 """
-import logging
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -464,11 +463,8 @@ def _register_with_vissl():
     copies = w.DEFAULT_TRANSFORM_TYPES["TRANSFORMS_WITH_COPIES"]
     if TRANSFORM_NAME not in copies:
         copies.append(TRANSFORM_NAME)
-    try:
-        from vissl_swav_plugin.config.registries import register_crop_counter
-    except ImportError:  # pragma: no cover - config_validation is part of the package
-        logging.getLogger(__name__).debug("config_validation not available")
-        return
+    from vissl_swav_plugin.config.registries import register_crop_counter
+
     register_crop_counter(TRANSFORM_NAME)(lambda t: sum(int(v) for v in t["num_crops"]))
 
 
