@@ -23,9 +23,11 @@ $(STAMP): requirements-host.txt setup.py vissl_swav_plugin.pth
 	touch $@
 
 # the linters first, then the suite in $(TEST_WORKERS) worker processes (pytest-xdist; a test
-# file stays in one worker, so its module fixtures run once)
+# file stays in one worker, so its module fixtures run once; --no-loadscope-reorder keeps the
+# order of tests/conftest.py, the longest files first, where xdist would start the files with
+# the most tests first)
 test: lint
-	$(VPY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
+	$(VPY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests $(PYTEST_ARGS)
 
 test-fast: venv
 	$(VPY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -18,17 +18,35 @@ STOCK_LAUNCHER = SITE / "tools" / "run_distributed_engines.py"
 PLUGIN_LAUNCHER = REPO / "tools" / "run_distributed_engines.py"
 
 
-def run_launcher(overrides, cwd, launcher=STOCK_LAUNCHER, env=None, timeout=HANG_S, check=True):
-    """Run a VISSL launcher in a fresh interpreter; returns CompletedProcess (stdout+stderr)."""
-    proc = subprocess.run(
-        [sys.executable, str(launcher), *overrides],
-        cwd=str(cwd),
-        env=launcher_env(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-    )
+def _warm(env, fresh):
+    """Whether a run goes through the zygote (tests/helpers/zygote.py): not when the test asks
+    for a fresh interpreter, gives an environment of its own, or sets
+    VISSL_SWAV_PLUGIN_TEST_FRESH=1."""
+    import zygote
+
+    return not fresh and not env and zygote.enabled()
+
+
+def run_launcher(overrides, cwd, launcher=STOCK_LAUNCHER, env=None, timeout=HANG_S, check=True, fresh=False):
+    """Run a VISSL launcher; returns CompletedProcess (stdout+stderr).  ``fresh``: in a new
+    interpreter with spawned ranks, as a user's run; otherwise (and ``env`` None) in a fork of
+    the suite's warm zygote with forked ranks (tests/helpers/zygote.py)."""
+    argv = [str(launcher), *overrides]
+    if _warm(env, fresh):
+        import zygote
+
+        code, out = zygote.run(argv, cwd, launcher_env(), timeout)
+        proc = subprocess.CompletedProcess([sys.executable, *argv], code, out)
+    else:
+        proc = subprocess.run(
+            [sys.executable, *argv],
+            cwd=str(cwd),
+            env=launcher_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
     if check and proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-80:])
         raise AssertionError(f"launcher failed (rc={proc.returncode}):\n{tail}")
@@ -44,16 +62,23 @@ def launcher_env(env=None):
     return full_env
 
 
-def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER, env=None, timeout=HANG_S):
+def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER, env=None, timeout=HANG_S,
+                       fresh=False):
     """Start a launcher, and kill its whole process group (a crash, as far as the run can
-    tell) as soon as ``marker`` appears in its output.  Returns the output so far."""
+    tell) as soon as ``marker`` appears in its output.  Returns the output so far.
+    ``fresh``: as in ``run_launcher``."""
     import signal
     import time
 
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(launcher), *overrides], cwd=str(cwd),
-                                env=launcher_env(env), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        if _warm(env, fresh):
+            import zygote
+
+            proc = zygote.Run([str(launcher), *overrides], cwd, launcher_env(), log.fileno())
+        else:
+            proc = subprocess.Popen([sys.executable, str(launcher), *overrides], cwd=str(cwd),
+                                    env=launcher_env(env), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         deadline = time.time() + timeout
         try:
             while time.time() < deadline:

@@ -109,23 +109,6 @@ def test_swav_quick_run_beats_random_init(tmp_path):
         assert v["mean"] - probes["random_init"]["low_shot"][k]["mean"] >= MIN_GAIN_LOW_SHOT, (k, v)
     assert report["summary"]["linear_swav"] == probes["swav"]["linear"]["top1"]
     assert "logistic regression on frozen features" in proc.stdout
-    # swav-plugin-eval on the demo's checkpoint and images gives the demo's numbers
-    test_dir = _write_test_folder(tmp_path / "fm_test", mode["test_per_class"])
-    eval_json = tmp_path / "eval.json"
-    ev = subprocess.run(
-        [sys.executable, "-m", "vissl_swav_plugin.tools.feature_eval", "--demo-report", str(out / "swav_demo_report.json"),
-         "--train", str(report["data"]["folder"]), "--test", str(test_dir), "--output-json", str(eval_json)],
-        cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=HANG_S,
-    )
-    assert ev.returncode == 0, ev.stdout[-4000:]
-    tool = json.loads(eval_json.read_text())
-    for key in ("swav", "random_init", "raw_pixels"):
-        for m in ("knn20", "knn200", "nn5_euclid"):
-            assert tool["knn"][key][m] == pytest.approx(knn[key][m], abs=1e-6), (key, m)
-        assert tool["probes"][key]["linear"]["top1"] == probes[key]["linear"]["top1"], key
-        for k in probes[key]["low_shot"]:
-            assert tool["probes"][key]["low_shot"][k]["mean"] == probes[key]["low_shot"][k]["mean"], (key, k)
 
 
 def _write_test_folder(folder, per_class):
@@ -165,13 +148,14 @@ def test_demo_names_a_corrupt_dataset_file(tmp_path):
     assert str(src / "train-images-idx3-ubyte.gz") in proc.stdout and "Traceback" not in proc.stdout
 
 
-@needs_fmnist
-def test_demo_shows_a_collapse_on_the_console_in_the_report_and_the_figure(tmp_path):
-    """A run forced to collapse (temperature 100: uniform predictions, the loss at ln K from the
-    first iteration, as in test_collapse.py) with the detector's patience at 3 iterations: the
-    detector's warning, which VISSL's log holds, is shown while training runs, repeated after the
-    summary, and recorded in the JSON report and the figure's title; the demo still exits 0
-    (ON_COLLAPSE=warn, the config's), with the figures of the collapsed run."""
+@pytest.fixture(scope="module")
+def collapsed(tmp_path_factory):
+    """A small demo run forced to collapse (temperature 100: uniform predictions, the loss at
+    ln K from the first iteration, as in test_collapse.py) with the detector's patience at 3
+    iterations; the tests below read its console, log and report."""
+    if not all(p.is_file() for p in FMNIST_FILES):
+        pytest.skip(f"Fashion-MNIST not installed in {FMNIST}")
+    tmp_path = tmp_path_factory.mktemp("collapsed")
     out = tmp_path / "demo"
     proc = subprocess.run(
         [sys.executable, str(REPO / "tools" / "demo.py"), "--quick", "--seed", "0", "--out", str(out),
@@ -182,11 +166,18 @@ def test_demo_shows_a_collapse_on_the_console_in_the_report_and_the_figure(tmp_p
         timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stdout[-6000:]
+    return dict(root=tmp_path, out=out, console=proc.stdout)
+
+
+def test_demo_shows_a_collapse_on_the_console_in_the_report_and_the_figure(collapsed):
+    """The detector's warning, which VISSL's log holds, is shown while training runs, repeated
+    after the summary, and recorded in the JSON report and the figure's title; the demo still
+    exits 0 (ON_COLLAPSE=warn, the config's), with the figures of the collapsed run."""
+    out, console = collapsed["out"], collapsed["console"]
     log = (out / "run" / "train_log.txt").read_text()
     fired = [ln for ln in log.splitlines() if "COLLAPSE DETECTED" in ln]
     assert fired, "the forced collapse did not fire the detector: " + log[-3000:]
     first = fired[0][fired[0].index("COLLAPSE DETECTED"):].rstrip()
-    console = proc.stdout
     # shown during training (before the evaluation step) and again at the very end
     assert console.index(f"WARNING: {first}") < console.index("[3/4] evaluation")
     assert "the collapse detector fired during training" in console[console.index("Report:"):]
@@ -198,3 +189,31 @@ def test_demo_shows_a_collapse_on_the_console_in_the_report_and_the_figure(tmp_p
     assert "Config keys to change" in warnings[0]  # the whole message, not only its first line
     assert report["figure_title"].startswith("COLLAPSED (the collapse detector fired): SwAV (vissl-swav-plugin) "
                                              "on Fashion-MNIST, ")
+
+
+def test_eval_tool_on_a_demo_checkpoint_gives_the_demos_numbers(collapsed):
+    """swav-plugin-eval (``--demo-report``) on a demo's checkpoint and images gives the numbers
+    of the demo's report, every method and protocol (the small collapsed run: the equality
+    does not depend on how well the network trained)."""
+    tmp_path, out = collapsed["root"], collapsed["out"]
+    report = json.loads((out / "swav_demo_report.json").read_text())
+    knn, probes, mode = report["knn"], report["probes"], report["config"]["mode"]
+    test_dir = _write_test_folder(tmp_path / "fm_test", mode["test_per_class"])
+    eval_json = tmp_path / "eval.json"
+    ev = subprocess.run(
+        [sys.executable, "-m", "vissl_swav_plugin.tools.feature_eval", "--demo-report", str(out / "swav_demo_report.json"),
+         "--train", str(report["data"]["folder"]), "--test", str(test_dir), "--output-json", str(eval_json),
+         "--random-inits", str(len(knn["random_init"]["per_init"]))],
+        cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=HANG_S,
+    )
+    assert ev.returncode == 0, ev.stdout[-4000:]
+    tool = json.loads(eval_json.read_text())
+    for key in ("swav", "random_init", "raw_pixels"):
+        for m in ("knn20", "knn200", "nn5_euclid"):
+            assert tool["knn"][key][m] == pytest.approx(knn[key][m], abs=1e-6), (key, m)
+        assert tool["probes"][key]["linear"]["top1"] == probes[key]["linear"]["top1"], key
+        for k in probes[key]["low_shot"]:
+            assert tool["probes"][key]["low_shot"][k]["mean"] == probes[key]["low_shot"][k]["mean"], (key, k)
+
+

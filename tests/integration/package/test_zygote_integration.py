@@ -1,0 +1,116 @@
+"""The suite's warm start (tests/helpers/zygote.py) against the truth it stands in for: a
+launcher in a fresh interpreter with spawned ranks.  The same config run both ways must give
+the same log lines of every iteration's loss and the same checkpoint, bit for bit; a warm run
+that is killed leaves no process behind; a failing warm run reports its exit code and output;
+a test that changed the environment gets a fresh interpreter."""
+import os
+import re
+
+import torch
+
+import testkit
+import zygote
+from testkit import run_launcher
+
+SMALL = [
+    "config=test/swav_plugin/quick_cpu",
+    "config.MODEL.TRUNK.NAME=resnet_small_plugin",
+    "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
+    "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+]
+
+
+def _losses(text):
+    return re.findall(r"Rank: (\d); \[ep: (\d+)\] iter: (\d+); lr: [^;]+; loss: ([^;]+);", text)
+
+
+def _state(path):
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    return ck["classy_state_dict"]["base_model"]["model"], ck["loss"]
+
+
+def _same(a, b, where=""):
+    if torch.is_tensor(a):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}/{i}")
+    else:
+        assert a == b, where
+
+
+def test_a_warm_run_equals_a_fresh_run_bit_for_bit(tmp_path):
+    runs = {}
+    for fresh in (True, False):
+        ck = tmp_path / f"ck_{fresh}"
+        proc = run_launcher(SMALL + [f"config.CHECKPOINT.DIR={ck}"], cwd=tmp_path, fresh=fresh)
+        runs[fresh] = (_losses(proc.stdout), _state(ck / "model_final_checkpoint_phase1.torch"))
+    (loss_fresh, state_fresh), (loss_warm, state_warm) = runs[True], runs[False]
+    assert len(loss_fresh) >= 4, loss_fresh  # rank 0 logs every iteration
+    assert sorted(loss_warm) == sorted(loss_fresh)
+    _same(state_warm, state_fresh)
+
+
+def test_a_failing_warm_run_reports_its_code_and_output(tmp_path):
+    proc = run_launcher(SMALL + ["config.OPTIMIZER.nam=sgd", f"config.CHECKPOINT.DIR={tmp_path / 'ck'}"],
+                        cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "config.OPTIMIZER.nam" in proc.stdout
+
+
+def _group_members(pgid):
+    members = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(p))
+    return members
+
+
+def test_a_killed_warm_run_leaves_no_process(tmp_path):
+    """What ``run_launcher_until`` does to a warm run: kill its process group once a marker
+    is logged; the copy and its forked ranks are all gone, the zygote lives on."""
+    import time
+
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        run = zygote.Run([str(testkit.STOCK_LAUNCHER), *SMALL, "config.OPTIMIZER.num_epochs=50",
+                          f"config.CHECKPOINT.DIR={tmp_path / 'ck'}"], tmp_path, testkit.launcher_env(), f.fileno())
+        deadline = time.time() + testkit.HANG_S
+        while "Rank: 0; [ep: 2]" not in log.read_text() and time.time() < deadline:
+            assert run.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.1)
+        assert len(_group_members(run.pid)) >= 3  # the copy and its two ranks
+        run.kill()
+    assert run.returncode == -9
+    deadline = time.time() + 30
+    while _group_members(run.pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _group_members(run.pid) == []
+    assert zygote._server["proc"].poll() is None
+
+
+def test_a_changed_environment_restarts_the_zygote(tmp_path, monkeypatch):
+    """A variable set by the test must be seen at import, as in a fresh interpreter: the
+    zygote is started again with it (a module-level read in the launcher's copy sees it)."""
+    run_launcher(SMALL + [f"config.CHECKPOINT.DIR={tmp_path / 'a'}"], cwd=tmp_path)
+    first = zygote._server["proc"]
+    monkeypatch.setenv("VISSL_SWAV_PLUGIN_TEST_MARK", "1")
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys\nprint('seen', os.environ.get('VISSL_SWAV_PLUGIN_TEST_MARK'), "
+                      "'torch' in sys.modules)\n")
+    code, out = zygote.run([str(script)], tmp_path, testkit.launcher_env(), timeout=600)
+    assert code == 0 and "seen 1 True" in out, out  # warm (torch already imported), new variable
+    assert zygote._server["proc"] is not first and first.poll() is not None
+    assert zygote._server["env"]["VISSL_SWAV_PLUGIN_TEST_MARK"] == "1"
+    assert not testkit._warm({"X": "1"}, False) and not testkit._warm(None, True) and testkit._warm(None, False)
