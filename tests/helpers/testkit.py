@@ -20,22 +20,22 @@ PLUGIN_LAUNCHER = REPO / "tools" / "run_distributed_engines.py"
 
 def _warm(env, fresh):
     """Whether a run goes through the zygote (tests/helpers/zygote.py): not when the test asks
-    for a fresh interpreter, gives an environment of its own, or sets
-    VISSL_SWAV_PLUGIN_TEST_FRESH=1."""
+    for a fresh interpreter or sets VISSL_SWAV_PLUGIN_TEST_FRESH=1.  A run with an ``env`` of
+    its own gets a zygote started with that environment (a module may read it at import)."""
     import zygote
 
-    return not fresh and not env and zygote.enabled()
+    return not fresh and zygote.enabled()
 
 
 def run_launcher(overrides, cwd, launcher=STOCK_LAUNCHER, env=None, timeout=HANG_S, check=True, fresh=False):
     """Run a VISSL launcher; returns CompletedProcess (stdout+stderr).  ``fresh``: in a new
-    interpreter with spawned ranks, as a user's run; otherwise (and ``env`` None) in a fork of
-    the suite's warm zygote with forked ranks (tests/helpers/zygote.py)."""
+    interpreter with spawned ranks, as a user's run; otherwise in a fork of the suite's warm
+    zygote with forked ranks (tests/helpers/zygote.py)."""
     argv = [str(launcher), *overrides]
     if _warm(env, fresh):
         import zygote
 
-        code, out = zygote.run(argv, cwd, launcher_env(), timeout)
+        code, out = zygote.run(argv, cwd, launcher_env(env), timeout)
         proc = subprocess.CompletedProcess([sys.executable, *argv], code, out)
     else:
         proc = subprocess.run(
@@ -74,7 +74,7 @@ def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER
         if _warm(env, fresh):
             import zygote
 
-            proc = zygote.Run([str(launcher), *overrides], cwd, launcher_env(), log.fileno())
+            proc = zygote.Run([str(launcher), *overrides], cwd, launcher_env(env), log.fileno())
         else:
             proc = subprocess.Popen([sys.executable, str(launcher), *overrides], cwd=str(cwd),
                                     env=launcher_env(env), stdout=log, stderr=subprocess.STDOUT,

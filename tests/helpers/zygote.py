@@ -11,7 +11,7 @@ then runs the launcher script as ``__main__``; its ranks are forked from it too 
 ``start_processes(start_method="fork")`` in place of ``spawn``).
 
 What a fork cannot show, the tests that exist for it still run in fresh interpreters
-(``fresh=True``, or a run given an environment of its own): registration in spawned ranks
+(``fresh=True``): registration in spawned ranks
 and workers, the launcher's signals, the import order, the console scripts.  Set
 ``VISSL_SWAV_PLUGIN_TEST_FRESH=1`` to run every launcher fresh (the slow, literal way).
 ``tests/integration/package/test_zygote_integration.py`` checks that a zygote run and a fresh
@@ -31,8 +31,10 @@ import sys
 import tempfile
 import time
 
+# the plugin itself is not named: importing vissl loads it (the .pth hook), unless the run's
+# environment turns it off (VISSL_SWAV_PLUGIN_DISABLE=1), as in a fresh interpreter
 PRELOAD = (
-    "torch", "torchvision", "vissl", "classy_vision", "hydra", "vissl_swav_plugin",
+    "torch", "torchvision", "vissl", "classy_vision", "hydra",
     "vissl.utils.distributed_launcher", "vissl.utils.hydra_config", "vissl.engines.train",
     "vissl.hooks", "vissl.trainer", "vissl.models", "vissl.data", "vissl.losses",
 )
@@ -52,11 +54,12 @@ def _forked_rank(i, fn, *args):
     import atexit
     import logging
 
-    from vissl_swav_plugin.compat.signals import watch_launcher
-
     atexit._clear()  # the launcher's exit functions are not the rank's
     atexit.register(logging.shutdown)
-    watch_launcher()
+    if not os.environ.get("VISSL_SWAV_PLUGIN_DISABLE"):  # the plugin is on in this run
+        from vissl_swav_plugin.compat.signals import watch_launcher
+
+        watch_launcher()
     try:
         return fn(i, *args)
     finally:
