@@ -21,7 +21,11 @@ Protocol: a Unix SOCK_SEQPACKET socket; the client sends one JSON message (argv,
 with its output file descriptor attached; the zygote answers ``pid N`` at once and
 ``exit CODE`` when that copy has ended (``CODE`` negative: killed by signal ``-CODE``).
 """
+import atexit
+import gc
+import io
 import json
+import logging
 import os
 import select
 import signal
@@ -38,7 +42,6 @@ PRELOAD = (
     "vissl.utils.distributed_launcher", "vissl.utils.hydra_config", "vissl.engines.train",
     "vissl.hooks", "vissl.trainer", "vissl.models", "vissl.data", "vissl.losses",
 )
-_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGPIPE")
 
 
 # --------------------------------------------------------------------------------------
@@ -51,9 +54,6 @@ def _forked_rank(i, fn, *args):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    import atexit
-    import logging
-
     atexit._clear()  # the launcher's exit functions are not the rank's
     atexit.register(logging.shutdown)
     if not os.environ.get("VISSL_SWAV_PLUGIN_DISABLE"):  # the plugin is on in this run
@@ -67,12 +67,9 @@ def _forked_rank(i, fn, *args):
 
 
 def _finalize():
-    """What a spawned rank's interpreter does at exit and a forked one (``os._exit``) skips:
-    the atexit functions, and the flush of files left open (VISSL's ``stdout.json``)."""
-    import atexit
-    import gc
-    import io
-
+    """What an interpreter does at exit and a fork that ends in ``os._exit`` skips: the
+    atexit functions, and the flush of files left open (VISSL's ``stdout.json``, written by
+    a rank, or by the launcher itself in a 1-process run); sys.stdout and sys.stderr included."""
     atexit._run_exitfuncs()
     for obj in gc.get_objects():
         if isinstance(obj, io.IOBase):
@@ -96,9 +93,7 @@ def _run_copy(request, out_fd):
     code = 1
     try:
         os.setsid()  # its own process group, as ``start_new_session=True`` gives a fresh one
-        for name in _SIGNALS:
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # (the signal handlers are the zygote's: a new interpreter's, which it never changes)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_fd, 1)
@@ -129,11 +124,7 @@ def _run_copy(request, out_fd):
 
             traceback.print_exc()
             code = 1
-        import atexit
-
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _finalize()
     finally:
         os._exit(code)
 
