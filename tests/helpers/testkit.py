@@ -7,6 +7,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import zygote  # the standard library only: cheap for the unit tests that import testkit
+
 
 REPO = Path(__file__).resolve().parents[2]
 #: Bound for a *hung* subprocess (seconds), never a speed requirement: far above what any
@@ -18,12 +20,10 @@ STOCK_LAUNCHER = SITE / "tools" / "run_distributed_engines.py"
 PLUGIN_LAUNCHER = REPO / "tools" / "run_distributed_engines.py"
 
 
-def _warm(env, fresh):
+def _warm(fresh):
     """Whether a run goes through the zygote (tests/helpers/zygote.py): not when the test asks
     for a fresh interpreter or sets VISSL_SWAV_PLUGIN_TEST_FRESH=1.  A run with an ``env`` of
     its own gets a zygote started with that environment (a module may read it at import)."""
-    import zygote
-
     return not fresh and zygote.enabled()
 
 
@@ -32,9 +32,7 @@ def run_launcher(overrides, cwd, launcher=STOCK_LAUNCHER, env=None, timeout=HANG
     interpreter with spawned ranks, as a user's run; otherwise in a fork of the suite's warm
     zygote with forked ranks (tests/helpers/zygote.py)."""
     argv = [str(launcher), *overrides]
-    if _warm(env, fresh):
-        import zygote
-
+    if _warm(fresh):
         code, out = zygote.run(argv, cwd, launcher_env(env), timeout)
         proc = subprocess.CompletedProcess([sys.executable, *argv], code, out)
     else:
@@ -71,9 +69,7 @@ def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER
     import time
 
     with open(log_path, "w") as log:
-        if _warm(env, fresh):
-            import zygote
-
+        if _warm(fresh):
             proc = zygote.Run([str(launcher), *overrides], cwd, launcher_env(env), log.fileno())
         else:
             proc = subprocess.Popen([sys.executable, str(launcher), *overrides], cwd=str(cwd),
