@@ -1,10 +1,8 @@
 """Definitions shared by ``tests/unit/tools/test_eval_suite.py`` and its integration part."""
-import subprocess
-import sys
 from pathlib import Path
 import pytest
 import torch
-from testkit import HANG_S, REPO, run_launcher
+from testkit import REPO, run_launcher, run_script
 
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -18,8 +16,7 @@ def _trunk_of(path):
     return ck["classy_state_dict"]["base_model"]["model"]["trunk"]
 
 def _tool(script, *args, cwd):
-    proc = subprocess.run([sys.executable, str(script), *map(str, args)], cwd=str(cwd), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=HANG_S)
+    proc = run_script([script, *args], cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return proc.stdout
 

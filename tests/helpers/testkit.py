@@ -51,6 +51,19 @@ def run_launcher(overrides, cwd, launcher=STOCK_LAUNCHER, env=None, timeout=HANG
     return proc
 
 
+def run_script(argv, cwd, env=None, timeout=HANG_S, fresh=False):
+    """Run a Python script (``argv``: its path and arguments, or ``-m``, a module and its
+    arguments) as ``python argv...`` with ``launcher_env(env)``; returns CompletedProcess
+    (stdout+stderr, text).  As for ``run_launcher``: in a fork of the warm zygote unless
+    ``fresh`` (a new interpreter; what a test of how the process starts needs)."""
+    argv = [str(a) for a in argv]
+    if _warm(fresh):
+        code, out = zygote.run(argv, cwd, launcher_env(env), timeout)
+        return subprocess.CompletedProcess([sys.executable, *argv], code, out)
+    return subprocess.run([sys.executable, *argv], cwd=str(cwd), env=launcher_env(env), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
 def launcher_env(env=None):
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")

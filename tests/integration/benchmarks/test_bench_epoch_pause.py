@@ -3,19 +3,16 @@ stays runnable: it measures both loaders, the plugin's keeps its workers and VIS
 its ratio is the two pauses it is made of, and the JSON names the machine, the date and the
 command.  Its figures check the code path, not the speed (no timing is asserted)."""
 import json
-import subprocess
-import sys
 
 import pytest
 
-from testkit import REPO, launcher_env
+from testkit import REPO, run_script
 
 SCRIPT = REPO / "benchmarks" / "bench_epoch_pause.py"
 
 
 def _run(*args, timeout=3000):  # a bound for a hang, not a speed requirement
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=str(REPO), env=launcher_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return run_script([SCRIPT, *args], cwd=REPO, timeout=timeout)
 
 
 def test_tiny_run_measures_both_loaders(tmp_path):

@@ -6,11 +6,9 @@ forkserver workers (VISSL seeds each worker from the loader, not from the start 
 on the CPU with the GPU branch's loader settings (2 gloo processes, one worker each, 2 epochs,
 so the workers are started twice)."""
 import json
-import subprocess
-import sys
 
 from multicrop_helpers import make_fake_fashion
-from testkit import REPO, launcher_env
+from testkit import REPO, run_script
 
 TINY = ["--quick", "--device", "cpu", "--procs", "2", "--train-per-class", "8", "--test-per-class", "4",
         "--epochs", "2", "--batch", "8", "--prototypes", "10", "--freeze", "1", "--random-inits", "1",
@@ -20,11 +18,10 @@ TINY = ["--quick", "--device", "cpu", "--procs", "2", "--train-per-class", "8", 
 
 def _losses(tmp_path, source, method):
     out = tmp_path / method
-    cmd = [sys.executable, str(REPO / "tools" / "demo.py"), *TINY,
+    cmd = [REPO / "tools" / "demo.py", *TINY,
            "--override", f"config.MULTI_PROCESSING_METHOD={method}",
            "--source", str(source), "--out", str(out), "--data-dir", str(tmp_path / f"data_{method}")]
-    proc = subprocess.run(cmd, cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=900)
+    proc = run_script(cmd, cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:]
     log = (out / "run" / "train_log.txt").read_text()
     assert f"Set start method of multiprocessing to {method}" in log

@@ -5,14 +5,12 @@ whose kNN accuracy beats the *same* network at its random initialisation: the te
 The in-process tests are in ``tests/unit/demo/test_real_data_swav.py``.
 """
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from testkit import HANG_S, REPO, launcher_env
+from testkit import REPO, run_script
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_FILES = [FMNIST / f"{s}-{k}-ubyte.gz" for s in ("train", "t10k") for k in ("images-idx3", "labels-idx1")]
@@ -50,11 +48,10 @@ MIN_GAIN_LOW_SHOT = 3.0
 @needs_fmnist
 def test_swav_quick_run_beats_random_init(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "demo.py"), "--quick", "--epochs", str(EPOCHS), "--seed", "0",
+    proc = run_script(
+        [str(REPO / "tools" / "demo.py"), "--quick", "--epochs", str(EPOCHS), "--seed", "0",
          "--out", str(out), "--data-dir", str(tmp_path / "data")],
-        cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=HANG_S,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert "Report:" in proc.stdout and str(out / "swav_demo_report.png") in proc.stdout
@@ -134,11 +131,10 @@ def _write_test_folder(folder, per_class):
 
 
 def test_demo_names_a_missing_dataset_file(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "demo.py"), "--quick", "--out", str(tmp_path / "o"),
+    proc = run_script(
+        [str(REPO / "tools" / "demo.py"), "--quick", "--out", str(tmp_path / "o"),
          "--data-dir", str(tmp_path / "data"), "--source", str(tmp_path / "nowhere")],
-        cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=HANG_S,
+        cwd=tmp_path,
     )
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert f"{tmp_path / 'nowhere'}/train-images-idx3-ubyte.gz" in proc.stdout
@@ -150,11 +146,10 @@ def test_demo_names_a_corrupt_dataset_file(tmp_path):
     src.mkdir()
     for p in FMNIST_FILES:
         (src / p.name).write_bytes(b"\x1f\x8b not really gzip")
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "demo.py"), "--quick", "--out", str(tmp_path / "o"),
+    proc = run_script(
+        [str(REPO / "tools" / "demo.py"), "--quick", "--out", str(tmp_path / "o"),
          "--data-dir", str(tmp_path / "data"), "--source", str(src)],
-        cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=HANG_S,
+        cwd=tmp_path,
     )
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert str(src / "train-images-idx3-ubyte.gz") in proc.stdout and "Traceback" not in proc.stdout
@@ -169,13 +164,12 @@ def collapsed(tmp_path_factory):
         pytest.skip(f"Fashion-MNIST not installed in {FMNIST}")
     tmp_path = tmp_path_factory.mktemp("collapsed")
     out = tmp_path / "demo"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "demo.py"), "--quick", "--seed", "0", "--out", str(out),
+    proc = run_script(
+        [str(REPO / "tools" / "demo.py"), "--quick", "--seed", "0", "--out", str(out),
          "--data-dir", str(tmp_path / "data"), "--train-per-class", "13", "--test-per-class", "5", "--epochs", "6",
          "--random-inits", "1", "--temperature", "100",
          "--override", "config.HOOKS.COLLAPSE_DETECTOR.PATIENCE_ITERS=3"],
-        cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=HANG_S,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-6000:]
     return dict(root=tmp_path, out=out, console=proc.stdout)
@@ -212,12 +206,11 @@ def test_eval_tool_on_a_demo_checkpoint_gives_the_demos_numbers(collapsed):
     knn, probes, mode = report["knn"], report["probes"], report["config"]["mode"]
     test_dir = _write_test_folder(tmp_path / "fm_test", mode["test_per_class"])
     eval_json = tmp_path / "eval.json"
-    ev = subprocess.run(
-        [sys.executable, "-m", "vissl_swav_plugin.tools.feature_eval", "--demo-report", str(out / "swav_demo_report.json"),
+    ev = run_script(
+        ["-m", "vissl_swav_plugin.tools.feature_eval", "--demo-report", str(out / "swav_demo_report.json"),
          "--train", str(report["data"]["folder"]), "--test", str(test_dir), "--output-json", str(eval_json),
          "--random-inits", str(len(knn["random_init"]["per_init"]))],
-        cwd=str(tmp_path), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=HANG_S,
+        cwd=tmp_path,
     )
     assert ev.returncode == 0, ev.stdout[-4000:]
     tool = json.loads(eval_json.read_text())

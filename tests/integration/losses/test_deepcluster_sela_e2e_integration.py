@@ -158,15 +158,13 @@ def test_knn_beats_random_init_on_fashion_mnist(method, tmp_path):
     """1000 Fashion-MNIST training images (100 per class, 32 px), 20 epochs, 2 processes;
     20-NN top-1 on 1000 test images of the trunk's features vs the same trunk at random
     init (mean of 3 initialisations); margins measured over two seeds (see KNN_MIN_GAIN)."""
-    import subprocess
-    import sys
-
     from clustering_helpers import knn_accuracy
-    from testkit import REPO
+    from testkit import REPO, run_script
 
     data = tmp_path / "fm"
-    subprocess.run([sys.executable, str(REPO / "tools" / "prepare_fashion_mnist.py"), "--out", str(data),
-                    "--limit-per-class", "100", "--size", "32", "--rgb", "--format", "folder"], check=True)
+    prep = run_script([REPO / "tools" / "prepare_fashion_mnist.py", "--out", data,
+                       "--limit-per-class", "100", "--size", "32", "--rgb", "--format", "folder"], cwd=tmp_path)
+    assert prep.returncode == 0, prep.stdout[-3000:]
     cfg_name, head = KNN_METHODS[method]
     over = [
         f"config={cfg_name}",

@@ -114,3 +114,70 @@ def test_a_changed_environment_restarts_the_zygote(tmp_path, monkeypatch):
     assert zygote._server["proc"] is not first and first.poll() is not None
     assert zygote._server["env"]["VISSL_SWAV_PLUGIN_TEST_MARK"] == "1"
     assert testkit._warm(fresh=False) and not testkit._warm(fresh=True)
+
+
+# the demo of the GPU check's dry run, on 2 processes: a warm run of it forks the demo's own
+# launcher (``python -m vissl_swav_plugin.tools.launch``) from the demo's copy
+TINY_DEMO = ["--quick", "--device", "cpu", "--procs", "2", "--train-per-class", "8", "--test-per-class", "4",
+             "--epochs", "1", "--batch", "8", "--prototypes", "10", "--freeze", "1", "--random-inits", "1",
+             "--precise-bn", "off", "--threads", "1"]
+
+
+def test_a_nested_warm_run_equals_fresh_processes(tmp_path):
+    """A Python script that a warm run starts (the demo starts VISSL's launcher) is forked
+    from the run, reset to the state the run started from, instead of a new interpreter:
+    the demo's losses, kNN and probe figures are those of the demo, its launcher and its
+    ranks each in a fresh interpreter, and the trace names the forked launcher."""
+    import json
+
+    from multicrop_helpers import make_fake_fashion
+
+    source = tmp_path / "fm"
+    make_fake_fashion(source, n_train=80, n_val=40)
+    trace = tmp_path / "trace.jsonl"
+    reports = {}
+    for fresh in (True, False):
+        out = tmp_path / f"out_{fresh}"
+        proc = testkit.run_script([testkit.REPO / "tools" / "demo.py", *TINY_DEMO, "--source", source, "--out", out,
+                                   "--data-dir", tmp_path / f"data_{fresh}"], cwd=tmp_path, fresh=fresh,
+                                  env={"VISSL_SWAV_PLUGIN_TEST_ZYGOTE_TRACE": str(trace)})
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        reports[fresh] = json.loads((out / "swav_demo_report.json").read_text())
+        if fresh:
+            assert not trace.exists()  # nothing was forked
+    forked = [json.loads(line)["argv"] for line in trace.read_text().splitlines()]
+    assert [a[:2] for a in forked] == [["-m", "vissl_swav_plugin.tools.launch"]], forked
+    fresh, warm = reports[True], reports[False]
+    assert [(p["iter"], p["loss"]) for p in warm["loss_curve"]] == [(p["iter"], p["loss"]) for p in fresh["loss_curve"]]
+    assert len(fresh["loss_curve"]) == 5  # 80 images / (2 processes x 8)
+    assert warm["knn"] == fresh["knn"] and warm["probes"] == fresh["probes"]
+
+
+def test_a_nested_run_is_forked_only_where_a_fork_gives_what_a_new_interpreter_would(tmp_path):
+    """A warm run's ``python child.py``: forked when only a variable the fork applies changed
+    (OMP_NUM_THREADS: the child's torch threads), with a new interpreter's signal handlers,
+    argv and path; started as a new interpreter when another variable changed (a module may
+    read it at import)."""
+    import json
+
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import json, os, signal, sys\nimport torch\n"
+        "print(json.dumps(dict(warm='vissl' in sys.modules, threads=torch.get_num_threads(),\n"
+        "    mark=os.environ.get('VISSL_SWAV_PLUGIN_TEST_MARK'), argv=sys.argv, path0=sys.path[0],\n"
+        "    sigterm=signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)))\n")
+    parent = tmp_path / "parent.py"
+    parent.write_text(
+        "import os, signal, subprocess, sys\n"
+        "signal.signal(signal.SIGTERM, lambda *a: None)\n"
+        "for extra in ({'OMP_NUM_THREADS': '3'}, {'VISSL_SWAV_PLUGIN_TEST_MARK': 'x'}):\n"
+        "    r = subprocess.run([sys.executable, sys.argv[1], 'a'], env=dict(os.environ, **extra),\n"
+        "                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=True)\n"
+        "    print('CHILD', r.stdout.strip().splitlines()[-1])\n")
+    trace = tmp_path / "trace.jsonl"
+    proc = testkit.run_script([parent, child], cwd=tmp_path, env={"VISSL_SWAV_PLUGIN_TEST_ZYGOTE_TRACE": str(trace)})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    forked, fresh = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("CHILD ")]
+    assert forked == dict(warm=True, threads=3, mark=None, argv=[str(child), "a"], path0=str(tmp_path), sigterm=True)
+    assert fresh == dict(warm=False, threads=1, mark="x", argv=[str(child), "a"], path0=str(tmp_path), sigterm=True)
+    assert [json.loads(line)["argv"] for line in trace.read_text().splitlines()] == [[str(child), "a"]]

@@ -6,8 +6,6 @@ The in-process tests are in ``tests/unit/tools/test_eval_suite.py``.
 import json
 import pickle
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +13,7 @@ import pytest
 import torch
 
 from reference_swav import reference_knn
-from testkit import HANG_S, REPO, SITE, compose, launcher_env, run_launcher
+from testkit import REPO, SITE, compose, run_launcher, run_script
 from eval_suite_cases import (FMNIST, PER_CLASS, TRUNK, _tool, _trunk_of, suite,)  # noqa: F401  (fixtures and cases shared with the unit part)
 
 HEAD10 = ["config.MODEL.HEAD.PARAMS=[[mlp,{dims:[64,10]}]]"]  # 8 x WIDTH -> 10 classes
@@ -96,12 +94,11 @@ def test_knn_20_and_200_2proc_from_our_checkpoint(suite, tmp_path):
     from vissl.utils.misc import merge_features
 
     out = tmp_path / "knn"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "knn_eval.py"), "--topk", "20,200",
+    proc = run_script(
+        [REPO / "tools" / "knn_eval.py", "--topk", "20,200",
          "config=benchmark/swav_plugin/knn_fashion_mnist_cpu", *TRUNK,
          f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={suite['ckpt']}", f"config.CHECKPOINT.DIR={out}"],
-        cwd=str(tmp_path), env=launcher_env(suite["env"]), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=HANG_S)
+        cwd=tmp_path, env=suite["env"])
     assert proc.returncode == 0, proc.stdout[-4000:]
     res = json.loads((out / "knn_results.json").read_text())
     assert res["num_train"] == res["num_test"] == 10 * PER_CLASS
@@ -122,8 +119,7 @@ def test_knn_20_and_200_2proc_from_our_checkpoint(suite, tmp_path):
 
 
 def test_knn_tool_rejects_bad_arguments(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "knn_eval.py"), "--topk", "0"],
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(tmp_path))
+    proc = run_script([REPO / "tools" / "knn_eval.py", "--topk", "0"], cwd=tmp_path)
     assert proc.returncode == 2 and "--topk" in proc.stdout
 
 
@@ -369,6 +365,6 @@ def test_our_trained_checkpoint_converts_tensor_for_tensor(suite, tmp_path):
 def test_converter_names_a_non_resnet_key(tmp_path):
     torch.save({"model_state_dict": {"conv1.weight": torch.zeros(1), "blocks.0.attn.qkv.weight": torch.zeros(1)}},
                tmp_path / "vit.torch")
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "convert_to_detectron2.py"), str(tmp_path / "vit.torch"),
-                           str(tmp_path / "o.pkl")], text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = run_script([REPO / "tools" / "convert_to_detectron2.py", tmp_path / "vit.torch", tmp_path / "o.pkl"],
+                      cwd=tmp_path)
     assert proc.returncode == 2 and "blocks.0.attn.qkv.weight" in proc.stdout

@@ -8,7 +8,6 @@ Truths: scikit-learn's KNeighborsClassifier on pixels read here with PIL + torch
 (checkpoint and random initialisations).
 """
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -16,15 +15,14 @@ import pytest
 import torch
 
 from reference_swav import reference_knn
-from testkit import HANG_S, REPO, compose, folder_data_overrides, launcher_env, make_image_folder
+from testkit import REPO, compose, folder_data_overrides, make_image_folder, run_script
 
 TOOL = REPO / "tools" / "knn_eval.py"
 TRUNK = ["config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.DEPTH=10", "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.WIDTH=8"]
 
 
 def _tool(*args, cwd):
-    proc = subprocess.run([sys.executable, str(TOOL), *map(str, args)], cwd=str(cwd), env=launcher_env(),
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=HANG_S)
+    proc = run_script([TOOL, *args], cwd=cwd)
     return proc
 
 

@@ -7,8 +7,6 @@ added) on the same images, preprocessed here with torchvision; the kNN top-1 equ
 weighted kNN of tests/helpers/reference_swav.py on those features.
 """
 import json
-import subprocess
-import sys
 from collections import OrderedDict
 
 import numpy as np
@@ -18,7 +16,7 @@ import torch.nn as nn
 import torchvision
 
 from reference_swav import reference_knn
-from testkit import HANG_S, REPO, folder_data_overrides, launcher_env, make_image_folder
+from testkit import REPO, folder_data_overrides, make_image_folder, run_script
 
 from vissl_swav_plugin.tools import weights as w
 
@@ -64,15 +62,14 @@ def test_imported_official_checkpoint_runs_vissl_knn_benchmark(tmp_path):
     train = make_image_folder(tmp_path / "train", classes=5, per_class=24, size=32, seed=3)
     test = make_image_folder(tmp_path / "test", classes=5, per_class=20, size=32, seed=4)
     out = tmp_path / "knn"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "knn_eval.py"), "--topk", "20",
+    proc = run_script(
+        [REPO / "tools" / "knn_eval.py", "--topk", "20",
          "config=benchmark/swav_plugin/knn_fashion_mnist_cpu", "config.MODEL.TRUNK.NAME=resnet",
          "config.MODEL.TRUNK.RESNETS.DEPTH=50", *folder_data_overrides(train, "TRAIN", labels=True),
          *folder_data_overrides(test, "TEST", labels=True), "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
          "config.DATA.NUM_DATALOADER_WORKERS=0",
          f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={ckpt}", f"config.CHECKPOINT.DIR={out}"],
-        cwd=str(tmp_path), env=launcher_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        timeout=HANG_S)
+        cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:]
 
     ftr, ytr = _official_features(model, train)
