@@ -390,7 +390,8 @@ class _ForkedRun:
     def _join(self, chunks):
         data = b"".join(chunks)
         if isinstance(self.stdout, io.TextIOWrapper):
-            return data.decode(self.stdout.encoding, self.stdout.errors or "strict").replace("\r\n", "\n")
+            text = data.decode(self.stdout.encoding, self.stdout.errors or "strict")
+            return text.replace("\r\n", "\n").replace("\r", "\n")  # as Popen's text mode
         return data
 
     def send_signal(self, sig):
