@@ -313,24 +313,49 @@ def build_parser():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", help="VISSL checkpoint of the training (model_final_checkpoint_phase<N>.torch)")
     ap.add_argument("--demo-report", help="a demo's swav_demo_report.json: its config, overrides, seed and "
-                                          "checkpoint (instead of --checkpoint and config=...)")
+                                          "checkpoint (instead of --checkpoint and config=...), and its "
+                                          "evaluation's settings (random inits, probes, draws, shots) where "
+                                          "not given")
     ap.add_argument("--train", required=True, help="labelled training images (ImageFolder layout): kNN memory "
                                                    "bank, probe training set")
     ap.add_argument("--test", required=True, help="labelled test images (ImageFolder layout, the same classes)")
     ap.add_argument("--size", type=int, default=None, help="resize every image to N x N (default: keep)")
     ap.add_argument("--seed", type=int, default=None, help="the training's SEED_VALUE (default: the config's)")
-    ap.add_argument("--random-inits", type=int, default=5, help="random initialisations averaged (default 5)")
-    ap.add_argument("--probes", choices=["on", "off"], default="on", help="linear and low-shot probes (default on)")
-    ap.add_argument("--probe-draws", type=int, default=5, help="draws per low-shot size (default 5)")
-    ap.add_argument("--shots", default="1,10,100", help="labels per class of the low-shot probes (default 1,10,100)")
+    ap.add_argument("--random-inits", type=int, default=None, help="random initialisations averaged (default 5)")
+    ap.add_argument("--probes", choices=["on", "off"], default=None, help="linear and low-shot probes (default on)")
+    ap.add_argument("--probe-draws", type=int, default=None, help="draws per low-shot size (default 5)")
+    ap.add_argument("--shots", default=None, help="labels per class of the low-shot probes (default 1,10,100)")
     ap.add_argument("--output-json", default=None, help="where the results go (default: print only)")
     ap.add_argument("overrides", nargs="*", help="config=NAME and the training's Hydra overrides")
     return ap
 
 
+EVAL_DEFAULTS = dict(random_inits=5, probes="on", probe_draws=5, shots="1,10,100")
+
+
+def _report_eval_settings(report):
+    """The evaluation settings a demo's report records (those it has): the number of random
+    inits, whether the probes ran, their draws and shots."""
+    out = {}
+    per_init = report.get("knn", {}).get("random_init", {}).get("per_init")
+    if per_init:
+        out["random_inits"] = len(per_init)
+    if "probes" in report:
+        out["probes"] = "on" if report["probes"] else "off"
+        protocol = (report["probes"] or {}).get("swav", {}).get("protocol", {})
+        if "draws" in protocol:
+            out["probe_draws"] = int(protocol["draws"])
+        if protocol.get("shots"):
+            out["shots"] = ",".join(str(int(k)) for k in protocol["shots"])
+    return out
+
+
 def _settings(args, ap):
-    """``(overrides, checkpoint, seed, probes)`` from the arguments, or ``ap.error``."""
+    """``(overrides, checkpoint, seed, probes)`` from the arguments, or ``ap.error``; the
+    evaluation settings not given (``--random-inits``, ``--probes``, ``--probe-draws``,
+    ``--shots``) are set on ``args``: the demo report's, else :data:`EVAL_DEFAULTS`."""
     overrides, ckpt, seed = list(args.overrides), args.checkpoint, args.seed
+    recorded = {}
     if args.demo_report:
         try:
             report = json.loads(Path(args.demo_report).read_text())
@@ -338,8 +363,12 @@ def _settings(args, ap):
             overrides = [f"config={cfg['vissl_config']}", *cfg["overrides"], *overrides]
             ckpt = ckpt or report["checkpoint"]
             seed = cfg["seed"] if seed is None else seed
-        except (OSError, ValueError, KeyError) as e:
+            recorded = _report_eval_settings(report)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             ap.error(f"--demo-report {args.demo_report}: not a readable demo report ({e!r})")
+    for key, default in EVAL_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, recorded.get(key, default))
     if not any(o.startswith("config=") for o in overrides):
         ap.error("missing config=... (the training's config), or --demo-report")
     if not ckpt:

@@ -199,8 +199,9 @@ def test_demo_shows_a_collapse_on_the_console_in_the_report_and_the_figure(colla
 
 def test_eval_tool_on_a_demo_checkpoint_gives_the_demos_numbers(collapsed):
     """swav-plugin-eval (``--demo-report``) on a demo's checkpoint and images gives the numbers
-    of the demo's report, every method and protocol (the small collapsed run: the equality
-    does not depend on how well the network trained)."""
+    of the demo's report, every method and protocol, with the report's own evaluation settings
+    (this run's one random init; the small collapsed run: the equality does not depend on how
+    well the network trained)."""
     tmp_path, out = collapsed["root"], collapsed["out"]
     report = json.loads((out / "swav_demo_report.json").read_text())
     knn, probes, mode = report["knn"], report["probes"], report["config"]["mode"]
@@ -208,8 +209,7 @@ def test_eval_tool_on_a_demo_checkpoint_gives_the_demos_numbers(collapsed):
     eval_json = tmp_path / "eval.json"
     ev = run_script(
         ["-m", "vissl_swav_plugin.tools.feature_eval", "--demo-report", str(out / "swav_demo_report.json"),
-         "--train", str(report["data"]["folder"]), "--test", str(test_dir), "--output-json", str(eval_json),
-         "--random-inits", str(len(knn["random_init"]["per_init"]))],
+         "--train", str(report["data"]["folder"]), "--test", str(test_dir), "--output-json", str(eval_json)],
         cwd=tmp_path,
     )
     assert ev.returncode == 0, ev.stdout[-4000:]

@@ -95,6 +95,39 @@ def test_settings_from_a_demo_report(tmp_path):
     assert seed == 3 and probes == dict(shots=(1, 10, 100), draws=5, val_fraction=0.1, seed=3)
 
 
+def _report_with_evaluation(tmp_path, inits, probes):
+    report = dict(config=dict(vissl_config="pretrain/swav/swav_fashion_mnist_cpu", overrides=[], seed=1),
+                  checkpoint="ck.torch", knn=dict(random_init=dict(per_init=[{}] * inits)), probes=probes)
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    return str(tmp_path / "r.json")
+
+
+@pytest.mark.parametrize("extra, expect", [
+    # nothing given: the report's evaluation settings
+    ([], dict(random_inits=2, probe_draws=3, shots=(1, 10))),
+    # given on the command line: those win
+    (["--random-inits", "4", "--probe-draws", "6", "--shots", "5"], dict(random_inits=4, probe_draws=6, shots=(5,))),
+])
+def test_a_demo_report_gives_its_evaluation_settings_where_none_are_given(tmp_path, extra, expect):
+    """The tool on a demo's report evaluates as the demo did (a demo run with --random-inits 2
+    gives a random-init figure of 2 inits), unless an option says otherwise."""
+    path = _report_with_evaluation(tmp_path, 2, dict(swav=dict(protocol=dict(draws=3, shots=[1, 10]))))
+    ap = fe.build_parser()
+    args = ap.parse_args(["--demo-report", path, "--train", "a", "--test", "b", *extra])
+    _, _, seed, probes = fe._settings(args, ap)
+    assert args.random_inits == expect["random_inits"]
+    assert probes == dict(shots=expect["shots"], draws=expect["probe_draws"], val_fraction=0.1, seed=1)
+
+
+def test_a_demo_report_without_probes_turns_them_off_unless_asked(tmp_path):
+    path = _report_with_evaluation(tmp_path, 5, {})  # a demo run with --probes off
+    ap = fe.build_parser()
+    for extra, on in (([], False), (["--probes", "on"], True)):
+        args = ap.parse_args(["--demo-report", path, "--train", "a", "--test", "b", *extra])
+        assert (fe._settings(args, ap)[3] is not None) == on
+        assert args.random_inits == 5
+
+
 def test_random_init_seeds_start_at_the_trainings_own_start():
     assert fe.random_init_seeds(1, 12, 3) == [12, 1012, 2012]
 
