@@ -169,6 +169,13 @@ _START = {}
 _APPLIED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED", "PYTHONWARNINGS", "PYTHONPATH")
 
 
+def _loggers():
+    """Every logger of this process by name (the root under None)."""
+    loggers = {name: lg for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    loggers[None] = logging.getLogger()
+    return loggers
+
+
 def _snapshot():
     """What a nested run is reset to: the copy's state before its script ran."""
     import random
@@ -176,8 +183,7 @@ def _snapshot():
 
     import torch
 
-    loggers = {name: lg for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
-    loggers[None] = logging.getLogger()
+    loggers = _loggers()
     state = dict(
         path=list(sys.path[1:]), warnings=list(warnings.filters), random=random.getstate(),
         torch_rng=torch.get_rng_state(), grad=torch.is_grad_enabled(), dtype=torch.get_default_dtype(),
@@ -259,8 +265,7 @@ def _reset_to_start(env):
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     atexit._clear()
     atexit.register(logging.shutdown)
-    loggers = {name: lg for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
-    loggers[None] = logging.getLogger()
+    loggers = _loggers()
     for name, lg in loggers.items():
         handlers, level, propagate, disabled = st["logging"].get(name, ([], logging.NOTSET, True, False))
         lg.handlers[:] = handlers
