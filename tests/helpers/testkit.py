@@ -31,20 +31,7 @@ def run_launcher(overrides, cwd, launcher=STOCK_LAUNCHER, env=None, timeout=HANG
     """Run a VISSL launcher; returns CompletedProcess (stdout+stderr).  ``fresh``: in a new
     interpreter with spawned ranks, as a user's run; otherwise in a fork of the suite's warm
     zygote with forked ranks (tests/helpers/zygote.py)."""
-    argv = [str(launcher), *overrides]
-    if _warm(fresh):
-        code, out = zygote.run(argv, cwd, launcher_env(env), timeout)
-        proc = subprocess.CompletedProcess([sys.executable, *argv], code, out)
-    else:
-        proc = subprocess.run(
-            [sys.executable, *argv],
-            cwd=str(cwd),
-            env=launcher_env(env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-        )
+    proc = run_script([launcher, *overrides], cwd, env=env, timeout=timeout, fresh=fresh)
     if check and proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-80:])
         raise AssertionError(f"launcher failed (rc={proc.returncode}):\n{tail}")
