@@ -22,6 +22,13 @@ if str(HELPERS) not in sys.path:
 
 from testkit import REPO  # noqa: E402
 
+# Hydra's config files parsed once per test process (tests/helpers/config_parse_cache.py; the
+# processes the tests start keep OmegaConf's own load); VISSL_SWAV_PLUGIN_TEST_PARSE_CACHE=0: off
+if os.environ.get("VISSL_SWAV_PLUGIN_TEST_PARSE_CACHE", "1") != "0":
+    import config_parse_cache  # noqa: E402
+
+    config_parse_cache.install()
+
 KINDS = ("unit", "integration")
 
 # the demo's measured --amp auto keeps its answer in a per-user cache: the suite (and every demo

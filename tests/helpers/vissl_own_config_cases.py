@@ -15,6 +15,7 @@ here the way VISSL's ``tests/utils.py`` makes them, from the installed ``configs
 """
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -153,6 +154,10 @@ def main(argv):
     import vissl  # noqa: F401  (the plugin registers here unless VISSL_SWAV_PLUGIN_DISABLE=1)
 
     logging.disable(logging.WARNING)
+    if os.environ.get("VISSL_SWAV_PLUGIN_TEST_PARSE_CACHE", "1") != "0":
+        import config_parse_cache  # this folder: the script's own
+
+        config_parse_cache.install()
     cases = all_cases()
     if len(argv) > 1:
         only = set(json.loads(Path(argv[1]).read_text()))
