@@ -16,11 +16,12 @@ comments dropped, each line split at ``&&``, ``;`` and ``|``, ``VAR=value`` and
   and ``swav-plugin-train`` takes Hydra overrides only;
 * **``config=`` commands** (``swav-plugin-train``, ``tools/run_distributed_engines.py``, VISSL's
   ``run_distributed_engines.py``, ``torchrun ... -m vissl_swav_plugin.tools.torchrun`` and our
-  other tools' overrides) are composed with their overrides in a fresh interpreter, in the page's
-  working directory, with the placeholder paths (:data:`PLACEHOLDERS`) replaced by generated image
-  folders, and the launchers' configs go through the plugin's launch checks
-  (``run_launch_checks``): a dropped ``LABEL_PATHS``, a config that does not exist, a missing folder
-  fail there as they would at launch.  torchrun's ``--nnodes`` x ``--nproc_per_node`` must equal
+  other tools' overrides) are composed with their overrides in one process per page (a fork of the
+  test zygote, or a new interpreter where the page exports variables), in the page's working
+  directory, with the placeholder paths (:data:`PLACEHOLDERS`) replaced by generated image folders,
+  and the launchers' configs go through the plugin's launch checks (``run_launch_checks``): a
+  dropped ``LABEL_PATHS``, a config that does not exist, a missing folder fail there as they would
+  at launch.  torchrun's ``--nnodes`` x ``--nproc_per_node`` must equal
   the config's processes;
 * **commands that run on CPU in seconds** are run: every ``--help``, and the data tools
   (:data:`RUNNABLE`) when their input exists in the page's working directory, so that the files
@@ -113,7 +114,7 @@ class Command:
 class PageState:
     activated: bool = False
     env: dict = field(default_factory=dict)
-    jobs: list = field(default_factory=list)  # config compositions, done in one subprocess
+    jobs: list = field(default_factory=list)  # config compositions, done in one process (compose_jobs)
     run_enabled: bool = True  # run the runnable commands (subprocesses)
     exported: dict = field(default_factory=dict)  # `export`ed variables: the environment of later commands
 
@@ -585,14 +586,24 @@ def _queue_config(cmd, overrides, state, cwd, launch, world=None):
 
 
 def compose_jobs(jobs, cwd, exported=None, timeout=600):
-    """Compose every job's config in one fresh interpreter in ``cwd`` (the page's working
-    directory: its ./configs come first), run the launch checks where asked; returns errors."""
-    code = ("import sys, json; sys.path.insert(0, %r); import doc_commands; "
-            "print('@@' + json.dumps(doc_commands._compose_main(json.loads(sys.stdin.read()))))"
-            % str(Path(__file__).resolve().parent))
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(exported or {}))
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(jobs), cwd=str(cwd), env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    """Compose every job's config in one Python process in ``cwd`` (the page's working
+    directory: its ./configs come first), run the launch checks where asked; returns errors.
+    The process is a fork of the test zygote, as the suite's launches (``testkit.run_script``),
+    unless the page exported variables."""
+    import tempfile
+
+    import testkit
+
+    fd, jobs_file = tempfile.mkstemp(prefix="doc_jobs_", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(jobs, f)
+        # a page's exported variables are read at import (VISSL's dataset catalog path, relative
+        # to the page's directory): a new interpreter there, as before
+        proc = testkit.run_script([__file__, "--compose-jobs", jobs_file], cwd, env=dict(exported or {}),
+                                  timeout=timeout, fresh=bool(exported))
+    finally:
+        os.unlink(jobs_file)
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
     if proc.returncode != 0 or not marker:
         return [f"composing the configs failed (rc={proc.returncode}): {proc.stdout[-3000:]}"]
@@ -628,3 +639,9 @@ def _compose_main(jobs):
             errors.append(f"{job['where']}: torchrun starts {job['world']} processes, the config has {world} "
                           f"(DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE)")
     return errors
+
+
+if __name__ == "__main__":  # python doc_commands.py --compose-jobs JOBS.json (compose_jobs' process)
+    if sys.argv[1:2] != ["--compose-jobs"] or len(sys.argv) != 3:
+        sys.exit("usage: doc_commands.py --compose-jobs JOBS.json")
+    print("@@" + json.dumps(_compose_main(json.loads(Path(sys.argv[2]).read_text()))))
