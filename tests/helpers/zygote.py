@@ -479,8 +479,15 @@ def enabled() -> bool:
     return os.environ.get("VISSL_SWAV_PLUGIN_TEST_FRESH") != "1"
 
 
+#: variables read only while a run runs (the plugin's debug trace folder when the loss's hooks are
+#: built, the zygote's own trace when a nested run starts), never at import: a run that sets them
+#: gets them in its copy's environment, from the zygote it finds (the tests of the trace check that
+#: the run wrote it)
+RUN_TIME_ENV = ("PYTEST_CURRENT_TEST", "VISSL_SWAV_PLUGIN_TRACE_DIR", "VISSL_SWAV_PLUGIN_TEST_ZYGOTE_TRACE")
+
+
 def _key(env):
-    return {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
+    return {k: v for k, v in env.items() if k not in RUN_TIME_ENV}
 
 
 def _address(env):

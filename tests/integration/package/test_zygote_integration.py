@@ -116,6 +116,24 @@ def test_a_changed_environment_restarts_the_zygote(tmp_path, monkeypatch):
     assert testkit._warm(fresh=False) and not testkit._warm(fresh=True)
 
 
+def test_a_variable_read_only_at_run_time_keeps_the_zygote(tmp_path):
+    """The debug trace folder (read when the loss's hooks are built) reaches the run's copy
+    without a new zygote; a variable that is not listed still starts one."""
+    script = tmp_path / "show.py"
+    script.write_text("import os\nprint('seen', os.environ.get('VISSL_SWAV_PLUGIN_TRACE_DIR'))\n")
+    code, out = zygote.run([str(script)], tmp_path, testkit.launcher_env(), timeout=600)
+    assert code == 0 and "seen None" in out, out
+    first = zygote._server["proc"]
+    trace = str(tmp_path / "trace")
+    code, out = zygote.run([str(script)], tmp_path, testkit.launcher_env({"VISSL_SWAV_PLUGIN_TRACE_DIR": trace}),
+                           timeout=600)
+    assert code == 0 and f"seen {trace}" in out, out
+    assert zygote._server["proc"] is first and first.poll() is None
+    assert "VISSL_SWAV_PLUGIN_TRACE_DIR" in zygote.RUN_TIME_ENV
+    zygote.run([str(script)], tmp_path, testkit.launcher_env({"VISSL_SWAV_PLUGIN_TEST_MARK": "2"}), timeout=600)
+    assert zygote._server["proc"] is not first
+
+
 # the demo of the GPU check's dry run, on 2 processes: a warm run of it forks the demo's own
 # launcher (``python -m vissl_swav_plugin.tools.launch``) from the demo's copy
 TINY_DEMO = ["--quick", "--device", "cpu", "--procs", "2", "--train-per-class", "8", "--test-per-class", "4",
