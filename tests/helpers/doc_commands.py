@@ -572,9 +572,9 @@ def _queue_config(cmd, overrides, state, cwd, launch, world=None):
         return ["a config command without `config=NAME`"]
     errors = [f"config={n}: no such config (working directory, plugin or VISSL)" for n in names
               if not config_name_exists(n, cwd)]
-    # a config group option (+config/dataset_stats=NAME): Hydra, as VISSL calls it, composes without
-    # a missing file and without a word, so the file is looked for here (when the commands that
-    # write it are run)
+    # a config group option (+config/dataset_stats=NAME): the file is looked for here too (when the
+    # commands that write it are run), so that the error names the page's line; composing it without
+    # the file is an UnknownConfigError (compat/config_names.py), where Hydra alone adds an unread key
     for group, option in re.findall(r"^\+{0,2}config/([\w/.-]+)=([\w/.-]+)$", "\n".join(overrides), re.M):
         if state.run_enabled and not config_name_exists(f"{group}/{option}", cwd):
             errors.append(f"+config/{group}={option}: no file configs/config/{group}/{option}.yaml in the "

@@ -522,6 +522,24 @@ def unknown_config_error(name: str) -> UnknownConfigError:
     )
 
 
+def unknown_group_option_error(group: str, option: str) -> UnknownConfigError:
+    """The error for ``+<group>=<option>`` (``group`` is ``config/...``) when no configs folder
+    holds the group, so that Hydra composed it as a top-level key that VISSL never reads
+    (raised by the patch ``plugin_config_names``)."""
+    name = f"{group[len('config/'):]}/{option}"
+    near = closest_config_names(name)
+    hint = f"; closest names: {', '.join(near)}" if near else ""
+    how = (f" (swav-plugin-mean-std TRAIN_FOLDER --name {option} writes it)" if group == "config/dataset_stats"
+           else "")
+    return UnknownConfigError(
+        f"+{group}={option}: no such config (looked for configs/{group}/{option}.yaml in the working "
+        f"directory {os.getcwd()}, the plugin's and VISSL's configs); without it the run would go on "
+        f"without the file{hint}. Run from the directory that holds configs/{group}/{option}.yaml, or write the file "
+        f"there{how}"
+    )
+
+
 # what the patch plugin_config_names calls (compat may not import this layer)
 names_patch.record_overrides.provide(remember_overrides)
 names_patch.unknown_config_error.provide(unknown_config_error)
+names_patch.unknown_group_option_error.provide(unknown_group_option_error)
