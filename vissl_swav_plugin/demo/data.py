@@ -81,8 +81,13 @@ def write_image_folder(tool, source, folder, per_class, train=None):
     Returns:
         The data tool's summary (``summary["splits"]["train"]`` has ``dir`` and ``counts``).
     """
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder.parent / f".{folder.name}.lock", "w")
+    except OSError as e:  # read-only, not a folder, full disk: named, not a traceback
+        raise DemoError(f"{folder}: cannot write the demo's image folder there ({e.strerror or e}); "
+                        "give a writable folder with --data-dir") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return tool.prepare(folder, source=source, splits=("train",), limit_per_class=per_class,
                             formats=("folder",), verbose=False,

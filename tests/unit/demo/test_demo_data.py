@@ -198,3 +198,22 @@ def test_the_data_tool_still_reads_by_itself(tmp_path, counted):
 
         prepare_data.prepare(tmp_path / "o2", source=tmp_path / "src", kind="folder",
                              preloaded={"train": (np.zeros((1, 2, 2), np.uint8), np.zeros(1, np.int64))})
+
+
+@pytest.mark.parametrize("spoil", ["data_dir_is_a_file", "lock_is_a_folder"])
+def test_a_folder_the_demo_cannot_write_is_named(tmp_path, spoil):
+    """An OSError where the demo writes its image folder (a read-only place, a file in the way)
+    is a DemoError naming the folder and --data-dir, not a traceback; nothing is written."""
+    make_fake_fashion(tmp_path / "src", n_train=60, n_val=40)
+    data_dir = tmp_path / "data"
+    if spoil == "data_dir_is_a_file":
+        data_dir.write_text("not a folder")
+        folder = data_dir / "fashion_mnist_2pc"
+    else:
+        (data_dir / ".fashion_mnist_2pc.lock").mkdir(parents=True)
+        folder = data_dir / "fashion_mnist_2pc"
+    with pytest.raises(DemoError) as e:
+        demo_data.prepare_data(tmp_path / "src", data_dir, 2, 2)
+    assert str(e.value).startswith(f"{folder}: cannot write the demo's image folder there (")
+    assert "--data-dir" in str(e.value)
+    assert not folder.is_dir() or not list(folder.rglob("*.png"))
