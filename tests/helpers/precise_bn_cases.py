@@ -21,8 +21,9 @@ def multicrop_batches(n, seed=0, big=12, small=6):
         out.append({"data": [crops], "data_idx": [torch.arange(16)]})
     return out
 
-def expected_stats(net, batches, crops_used):
-    """Average over forward calls of each BN layer's input batch mean / unbiased variance."""
+def expected_stats(net, batches, crops_used, call=None):
+    """Average over forward calls of each BN layer's input batch mean / unbiased variance
+    (``call(net, x)`` makes a forward call; default ``net(x)``)."""
     net = copy.deepcopy(net).train()
     records = {}
 
@@ -38,6 +39,6 @@ def expected_stats(net, batches, crops_used):
     with torch.no_grad():
         for b in batches:
             for c in crops_used:
-                net(b["data"][0][c])
+                (call or (lambda n, x: n(x)))(net, b["data"][0][c])
     return {k: (torch.stack([r[0] for r in v]).mean(0), torch.stack([r[1] for r in v]).mean(0))
             for k, v in records.items()}

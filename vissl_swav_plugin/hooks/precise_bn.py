@@ -68,11 +68,13 @@ def global_crops(batch) -> List[torch.Tensor]:
 
 @torch.no_grad()
 def recompute_bn_stats(module: torch.nn.Module, batches, num_batches: int, device=None,
-                       distributed_avg: bool = True) -> int:
+                       distributed_avg: bool = True, out_feat_keys=None) -> int:
     """Reset the running statistics of ``module``'s BatchNorm layers and set them to the plain
     average, over at most ``num_batches`` of ``batches``, of the batch mean and (unbiased)
     variance of their inputs on the global crops (:func:`global_crops`), each global crop
     being one forward call in train mode; then average them over all processes.
+    ``out_feat_keys``: passed to each call as VISSL's model passes it to its trunk (VISSL's
+    ResNeXt maps the names and cannot be called without them); None: ``module(x)``.
 
     Returns:
         The number of batches used (0: nothing changed).
@@ -95,7 +97,7 @@ def recompute_bn_stats(module: torch.nn.Module, batches, num_batches: int, devic
             for crop in global_crops(batch):
                 x = crop.to(device or crop.device).float()
                 with autocast_disabled(x):
-                    module(x)
+                    module(x) if out_feat_keys is None else module(x, out_feat_keys)
             used += 1
     finally:
         module.train(was_training)
@@ -131,8 +133,10 @@ class PreciseBatchNormHook(NoOpHook):
             return
         model = task.base_model
         trunk = getattr(model, "trunk", model)
+        # the trunk is called as VISSL's model calls it in training (its output feature names)
+        names = getattr(model, "_output_feature_names", None) if trunk is not model else None
         used = recompute_bn_stats(trunk, train_batches(task), self.num_batches,
-                                  device=getattr(task, "device", None))
+                                  device=getattr(task, "device", None), out_feat_keys=names)
         logging.info(f"Precise BN: trunk BatchNorm statistics re-estimated on the global crops of {used} "
                      f"training batches (HOOKS.PRECISE_BN)")
 

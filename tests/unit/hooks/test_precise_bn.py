@@ -105,3 +105,29 @@ def test_statistics_are_fp32_under_amp(mode):
     for (name, a), b in zip(ref.named_buffers(), net.buffers()):
         if a.is_floating_point():
             assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (mode, name)
+
+
+def test_the_hook_calls_vissls_resnext_trunk_as_vissls_model_does():
+    """VISSL's own ResNet trunk maps its output feature names and cannot be called without
+    them: the hook passes the model's, and the statistics are those of the global crops."""
+    from vissl.models import build_model
+
+    from vissl_swav_plugin.hooks.precise_bn import PreciseBatchNormHook
+
+    config = compose(["config=test/swav_plugin/quick_cpu"])  # VISSL's resnet trunk (ResNet-50)
+    assert config.MODEL.TRUNK.NAME == "resnet"
+    torch.manual_seed(0)
+    model = build_model(config.MODEL, config.OPTIMIZER)
+    names = model._output_feature_names
+    batches = multicrop_batches(2, big=16, small=8)
+    want = expected_stats(model.trunk, batches, crops_used=(0, 1), call=lambda net, x: net(x, names))
+    task = SimpleNamespace(train=True, train_phase_idx=0, num_train_phases=1, base_model=model,
+                           dataloaders={"train": batches}, device=torch.device("cpu"))
+    PreciseBatchNormHook(num_batches=2).on_phase_end(task)
+    checked = 0
+    for name, m in model.trunk.named_modules():
+        if isinstance(m, nn.BatchNorm2d):
+            assert torch.allclose(m.running_mean, want[name][0], atol=1e-4), name
+            assert torch.allclose(m.running_var, want[name][1], rtol=1e-3, atol=1e-4), name
+            checked += 1
+    assert checked == len(want) > 50
