@@ -16,8 +16,8 @@ text, and hand out a deep copy.  Nothing else changes:
   they are;
 * the processes the tests start (launchers, demos, the zygote) do not install it.
 
-``tests/unit/package/test_config_parse_cache.py`` composes every config the plugin ships and
-a sample of VISSL's with the cache and without it and requires the same configs.
+``tests/unit/package/test_config_parse_cache.py`` composes a sample of the plugin's recipes and
+of VISSL's configs, with overrides, with the cache and without it and requires the same configs.
 """
 import copy
 
