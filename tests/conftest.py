@@ -24,10 +24,9 @@ from testkit import REPO  # noqa: E402
 
 # Hydra's config files parsed once per test process (tests/helpers/config_parse_cache.py; the
 # processes the tests start keep OmegaConf's own load); VISSL_SWAV_PLUGIN_TEST_PARSE_CACHE=0: off
-if os.environ.get("VISSL_SWAV_PLUGIN_TEST_PARSE_CACHE", "1") != "0":
-    import config_parse_cache  # noqa: E402
+import config_parse_cache  # noqa: E402
 
-    config_parse_cache.install()
+config_parse_cache.install_unless_off()
 
 KINDS = ("unit", "integration")
 

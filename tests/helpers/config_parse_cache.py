@@ -20,6 +20,7 @@ text, and hand out a deep copy.  Nothing else changes:
 of VISSL's configs, with overrides, with the cache and without it and requires the same configs.
 """
 import copy
+import os
 
 _ORIGINAL = None
 _PARSED = {}
@@ -43,6 +44,13 @@ def _cached_load(file_):
     STATS["misses"] += 1
     _PARSED[text] = copy.deepcopy(cfg)
     return cfg
+
+
+def install_unless_off():
+    """:func:`install`, unless ``VISSL_SWAV_PLUGIN_TEST_PARSE_CACHE=0`` (what the suite's
+    processes call)."""
+    if os.environ.get("VISSL_SWAV_PLUGIN_TEST_PARSE_CACHE", "1") != "0":
+        install()
 
 
 def install():

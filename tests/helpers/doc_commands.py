@@ -572,13 +572,8 @@ def _queue_config(cmd, overrides, state, cwd, launch, world=None):
         return ["a config command without `config=NAME`"]
     errors = [f"config={n}: no such config (working directory, plugin or VISSL)" for n in names
               if not config_name_exists(n, cwd)]
-    # a config group option (+config/dataset_stats=NAME): the file is looked for here too (when the
-    # commands that write it are run), so that the error names the page's line; composing it without
-    # the file is an UnknownConfigError (compat/config_names.py), where Hydra alone adds an unread key
-    for group, option in re.findall(r"^\+{0,2}config/([\w/.-]+)=([\w/.-]+)$", "\n".join(overrides), re.M):
-        if state.run_enabled and not config_name_exists(f"{group}/{option}", cwd):
-            errors.append(f"+config/{group}={option}: no file configs/config/{group}/{option}.yaml in the "
-                          "working directory, the plugin or VISSL")
+    # a config group option without its file (+config/dataset_stats=NAME before the command that
+    # writes it) fails when the job is composed: the plugin's UnknownConfigError, named with the line
     if not errors:
         state.jobs.append({"where": f"{cmd.page}:{cmd.line}", "overrides": list(overrides), "launch": launch,
                            "world": world})

@@ -15,7 +15,6 @@ here the way VISSL's ``tests/utils.py`` makes them, from the installed ``configs
 """
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -154,10 +153,9 @@ def main(argv):
     import vissl  # noqa: F401  (the plugin registers here unless VISSL_SWAV_PLUGIN_DISABLE=1)
 
     logging.disable(logging.WARNING)
-    if os.environ.get("VISSL_SWAV_PLUGIN_TEST_PARSE_CACHE", "1") != "0":
-        import config_parse_cache  # this folder: the script's own
+    import config_parse_cache  # this folder: the script's own
 
-        config_parse_cache.install()
+    config_parse_cache.install_unless_off()
     cases = all_cases()
     if len(argv) > 1:
         only = set(json.loads(Path(argv[1]).read_text()))
