@@ -2,12 +2,10 @@
 import hashlib
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
-from testkit import HANG_S, STOCK_LAUNCHER, launcher_env
+from testkit import HANG_S, start_launcher
 
 
 class Run:
@@ -15,16 +13,17 @@ class Run:
         self.returncode, self.stdout = returncode, stdout
 
 
-def run_failing_launcher(overrides, cwd, env=None, timeout=HANG_S):
+def run_failing_launcher(overrides, cwd, env=None, timeout=HANG_S, fresh=False):
     """VISSL's stock launcher in its own session, output to a file; afterwards every
-    process left in that session is killed.  When one rank fails, torch's spawn SIGTERMs
-    the other, and that rank's forkserver and DataLoader worker then keep each other alive
-    forever (the worker watches its parent, the forkserver; the forkserver waits for the
-    worker): a caller reading the output through a pipe would wait for them forever."""
+    process left in that session is killed.  When one rank fails, torch's start_processes
+    SIGTERMs the other, and that rank's forkserver and DataLoader worker then keep each other
+    alive forever (the worker watches its parent, the forkserver; the forkserver waits for the
+    worker): a caller reading the output through a pipe would wait for them forever.
+    ``fresh``: as in ``testkit.run_launcher`` (by default a fork of the suite's warm zygote,
+    its ranks forked too)."""
     log = Path(cwd) / f"launcher_{uuid.uuid4().hex[:8]}.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, str(STOCK_LAUNCHER), *overrides], cwd=str(cwd),
-                                env=launcher_env(env), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = start_launcher(overrides, cwd, f, env=env, fresh=fresh)
         try:
             rc = proc.wait(timeout=timeout)
         finally:

@@ -3,7 +3,7 @@ import importlib.util
 import json
 import re
 import pytest
-from testkit import make_image_folder, run_launcher
+from testkit import SMALL_TRUNK, make_image_folder, run_launcher
 
 
 HAVE_TB = importlib.util.find_spec("tensorboard") is not None
@@ -17,7 +17,7 @@ def run(tmp_path_factory):
     bank = make_image_folder(root / "bank", classes=2, per_class=8, size=32, seed=1)
     query = make_image_folder(root / "query", classes=2, per_class=4, size=32, seed=2)
     out = root / "ckpt"
-    proc = run_launcher(["config=test/swav_plugin/quick_cpu", f"config.CHECKPOINT.DIR={out}",
+    proc = run_launcher(["config=test/swav_plugin/quick_cpu", *SMALL_TRUNK, f"config.CHECKPOINT.DIR={out}",
                          "config.HOOKS.PROGRESS.FREQUENCY=3",
                          f"config.HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD={HAVE_TB}",
                          "config.HOOKS.ONLINE_KNN.ENABLED=true", f"config.HOOKS.ONLINE_KNN.TRAIN_PATH={bank}",

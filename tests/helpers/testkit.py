@@ -18,6 +18,14 @@ HANG_S = int(os.environ.get("VISSL_SWAV_PLUGIN_TEST_HANG_S", "3600"))
 SITE = Path(sysconfig.get_paths()["purelib"])
 STOCK_LAUNCHER = SITE / "tools" / "run_distributed_engines.py"
 PLUGIN_LAUNCHER = REPO / "tools" / "run_distributed_engines.py"
+#: Overrides of ``test/swav_plugin/quick_cpu`` for the plugin's small ResNet trunk (64 features)
+#: in place of VISSL's ResNet-50: for the runs whose subject is not the trunk (a ResNet-50
+#: costs seconds per run to build, all-reduce and checkpoint on the CPU).
+SMALL_TRUNK = [
+    "config.MODEL.TRUNK.NAME=resnet_small_plugin",
+    "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
+    "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+]
 
 
 def _warm(fresh):
@@ -60,6 +68,16 @@ def launcher_env(env=None):
     return full_env
 
 
+def start_launcher(overrides, cwd, log, launcher=STOCK_LAUNCHER, env=None, fresh=False):
+    """Start a launcher in a session of its own (its pid is the process group's), its output
+    to the open file ``log``; returns an object with ``pid``, ``poll()`` and ``wait(timeout)``.
+    ``fresh``: as in ``run_launcher``."""
+    if _warm(fresh):
+        return zygote.Run([str(launcher), *overrides], cwd, launcher_env(env), log.fileno())
+    return subprocess.Popen([sys.executable, str(launcher), *overrides], cwd=str(cwd), env=launcher_env(env),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER, env=None, timeout=HANG_S,
                        fresh=False):
     """Start a launcher, and kill its whole process group (a crash, as far as the run can
@@ -69,12 +87,7 @@ def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER
     import time
 
     with open(log_path, "w") as log:
-        if _warm(fresh):
-            proc = zygote.Run([str(launcher), *overrides], cwd, launcher_env(env), log.fileno())
-        else:
-            proc = subprocess.Popen([sys.executable, str(launcher), *overrides], cwd=str(cwd),
-                                    env=launcher_env(env), stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        proc = start_launcher(overrides, cwd, log, launcher=launcher, env=env, fresh=fresh)
         deadline = time.time() + timeout
         try:
             while time.time() < deadline:

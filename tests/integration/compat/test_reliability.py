@@ -1,5 +1,7 @@
 """Reliability of a real SwAV run through VISSL's stock launcher (2 gloo processes, CPU):
 
+* the uninterrupted run: our loss, prototypes frozen for the configured iterations and unit-norm
+  after every step, each process's queue from the configured epoch;
 * mid-epoch kill + AUTO_RESUME continues exactly like an uninterrupted run, queue included;
 * a process killed while VISSL's CheckpointWriter writes leaves the previous checkpoint
   loadable (plugin's atomic writes; VISSL's own writer does not, shown as a control);
@@ -25,6 +27,7 @@ from testkit import HANG_S, folder_data_overrides, launcher_env, make_image_fold
 # Queue (8 entries per process) from epoch 1 (iteration 4).  One mid-epoch checkpoint at
 # iteration 6 (epoch 1, 2 iterations in, queue full); the kill comes right after it.
 ITERS_PER_EPOCH, EPOCHS, CKPT_ITER = 4, 3, 6
+FREEZE = 3  # iterations the prototypes stay frozen
 SMALL = [
     "config=test/swav_plugin/quick_cpu",
     "config.MODEL.TRUNK.NAME=resnet_small_plugin",
@@ -42,7 +45,7 @@ RESUME = SMALL + [
     "config.DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=True",
     "config.DATA.TRAIN.TRANSFORMS=[{name:ImgPilToMultiCrop,total_num_crops:4,size_crops:[32,16],"
     "num_crops:[2,2],crop_scales:[[1,1],[1,1]]},{name:ToTensor}]",
-    "config.LOSS.swav_plugin_loss.freeze_prototypes_niters=1",
+    f"config.LOSS.swav_plugin_loss.freeze_prototypes_niters={FREEZE}",
 ]
 # Measured on this machine (2 cores, OMP_NUM_THREADS=1): resumed and uninterrupted runs
 # agree bit for bit (max |loss diff| = 0, max |weight diff| = 0).  CPU kernels with one
@@ -98,6 +101,49 @@ def resume_runs(tmp_path_factory):
                 t_ref=[read_trace(root / "trace_ref", r) for r in (0, 1)],
                 t_killed=[read_trace(root / "trace_killed", r) for r in (0, 1)],
                 t_res=[read_trace(root / "trace_resumed", r) for r in (0, 1)])
+
+
+def test_log_names_our_loss(resume_runs):
+    assert "SwAVPluginLoss" in resume_runs["ref"] and "swav_plugin_loss" in resume_runs["ref"]
+    assert "SwAVLoss(" not in resume_runs["ref"]
+
+
+def test_every_iteration_of_both_ranks_has_a_finite_loss(resume_runs):
+    for rank in (0, 1):
+        ups = updates(resume_runs["t_ref"][rank])
+        assert sorted(ups) == list(range(ITERS_PER_EPOCH * EPOCHS))
+        assert all(math.isfinite(u["loss"]) for u in ups.values())
+
+
+def test_prototypes_frozen_exactly_n_iterations_then_moving(resume_runs):
+    for rank in (0, 1):
+        t = resume_runs["t_ref"][rank]
+        start = next(r for r in t if r["event"] == "start")
+        ups = updates(t)
+        for it in range(FREEZE):
+            assert ups[it]["proto_sum"] == start["proto_sum"], f"moved at iteration {it}"
+            assert ups[it]["proto_abs_sum"] == start["proto_abs_sum"]
+        assert ups[FREEZE]["proto_abs_sum"] != start["proto_abs_sum"], "still frozen after N iterations"
+
+
+def test_prototypes_unit_norm_after_every_step(resume_runs):
+    for key in ("t_ref", "t_killed", "t_res"):
+        for rank in (0, 1):
+            for r in resume_runs[key][rank]:
+                if r["event"] == "update":
+                    assert r["proto_norm_err"] < 1e-5, (key, r)
+
+
+def test_queue_starts_at_configured_epoch_per_rank(resume_runs):
+    """The queue (8 entries per process, batch 4) is used from epoch 1, the config's start_epoch,
+    and fills one batch per iteration."""
+    for rank in (0, 1):
+        ups = updates(resume_runs["t_ref"][rank])
+        assert [ups[i]["queue_active"] for i in sorted(ups)] == [i >= ITERS_PER_EPOCH for i in sorted(ups)]
+        assert [ups[i]["queue_filled"] for i in sorted(ups)] == [
+            0 if i < ITERS_PER_EPOCH else min(8, 4 * (i - ITERS_PER_EPOCH + 1)) for i in sorted(ups)]
+    ends = [[r for r in resume_runs["t_ref"][rank] if r["event"] == "phase_end"][-1] for rank in (0, 1)]
+    assert ends[0]["queue_sum"] != ends[1]["queue_sum"], "ranks must hold their own queues"
 
 
 def test_killed_mid_epoch_after_the_queue_started(resume_runs):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from reference_swav import reference_knn
-from testkit import compose
+from testkit import SMALL_TRUNK, compose
 from run_monitors_cases import HAVE_TB, PROGRESS, run  # noqa: F401
 
 KNN_LINE = re.compile(r"online kNN: epoch (\d+)/2 \| res5avg 5-NN top-1 (\S+)% \((\d+)/(\d+)\)")
@@ -71,7 +71,7 @@ def _offline_top1(ckpt, bank, query, tmp_path):
     from torchvision.datasets import ImageFolder
     from vissl.models import build_model
 
-    cfg = compose(["config=test/swav_plugin/quick_cpu", f"config.CHECKPOINT.DIR={tmp_path}"])
+    cfg = compose(["config=test/swav_plugin/quick_cpu", *SMALL_TRUNK, f"config.CHECKPOINT.DIR={tmp_path}"])
     model = build_model(cfg.MODEL, cfg.OPTIMIZER)
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["classy_state_dict"]["base_model"]["model"]
     model.trunk.load_state_dict(state["trunk"], strict=True)

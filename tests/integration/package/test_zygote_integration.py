@@ -138,14 +138,14 @@ def test_a_variable_read_only_at_run_time_keeps_the_zygote(tmp_path):
 # launcher (``python -m vissl_swav_plugin.tools.launch``) from the demo's copy
 TINY_DEMO = ["--quick", "--device", "cpu", "--procs", "2", "--train-per-class", "8", "--test-per-class", "4",
              "--epochs", "1", "--batch", "8", "--prototypes", "10", "--freeze", "1", "--random-inits", "1",
-             "--precise-bn", "off", "--threads", "1"]
+             "--precise-bn", "off", "--threads", "1", "--probes", "off"]  # the probes run in the demo's own process
 
 
 def test_a_nested_warm_run_equals_fresh_processes(tmp_path):
     """A Python script that a warm run starts (the demo starts VISSL's launcher) is forked
     from the run, reset to the state the run started from, instead of a new interpreter:
-    the demo's losses, kNN and probe figures are those of the demo, its launcher and its
-    ranks each in a fresh interpreter, and the trace names the forked launcher."""
+    the demo's losses and kNN figures are those of the demo, its launcher and its ranks each
+    in a fresh interpreter, and the trace names the forked launcher."""
     import json
 
     from multicrop_helpers import make_fake_fashion
@@ -168,7 +168,7 @@ def test_a_nested_warm_run_equals_fresh_processes(tmp_path):
     fresh, warm = reports[True], reports[False]
     assert [(p["iter"], p["loss"]) for p in warm["loss_curve"]] == [(p["iter"], p["loss"]) for p in fresh["loss_curve"]]
     assert len(fresh["loss_curve"]) == 5  # 80 images / (2 processes x 8)
-    assert warm["knn"] == fresh["knn"] and warm["probes"] == fresh["probes"]
+    assert warm["knn"] == fresh["knn"]
 
 
 def test_a_nested_run_is_forked_only_where_a_fork_gives_what_a_new_interpreter_would(tmp_path):

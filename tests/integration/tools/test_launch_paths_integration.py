@@ -24,14 +24,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from testkit import HANG_S, folder_data_overrides, launcher_env, make_image_folder
+from testkit import HANG_S, SMALL_TRUNK, folder_data_overrides, launcher_env, make_image_folder, run_script
 
 EPOCHS = 2  # 2 iterations per epoch (16 images / (4 per replica x 2 processes)); the queue from epoch 1
 JOB_ID = "4242"
 
 
 def quick(images, ckpt, *extra):
-    return ["config=test/swav_plugin/quick_cpu", f"config.OPTIMIZER.num_epochs={EPOCHS}",
+    return ["config=test/swav_plugin/quick_cpu", *SMALL_TRUNK, f"config.OPTIMIZER.num_epochs={EPOCHS}",
             *folder_data_overrides(images), f"config.CHECKPOINT.DIR={ckpt}", *extra]
 
 
@@ -72,9 +72,11 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(root):
-    """VISSL's launcher on one node, 2 processes."""
-    run([sys.executable, "-m", "vissl_swav_plugin.tools.launch", *quick(root / "images", root / "ck_vissl")], root,
-        env={"VISSL_SWAV_PLUGIN_TRACE_DIR": str(root / "tr_vissl")})
+    """VISSL's launcher on one node, 2 processes (a fork of the suite's warm zygote: the same
+    losses and weights as a fresh interpreter's, tests/integration/package/test_zygote_integration.py)."""
+    proc = run_script(["-m", "vissl_swav_plugin.tools.launch", *quick(root / "images", root / "ck_vissl")], root,
+                      env={"VISSL_SWAV_PLUGIN_TRACE_DIR": str(root / "tr_vissl")})
+    assert proc.returncode == 0, proc.stdout[-5000:]
     ref = losses(root / "tr_vissl")
     assert [[i for i, _ in r] for r in ref] == [list(range(2 * EPOCHS))] * 2
     return {"losses": ref, "weights": weights(root / "ck_vissl")}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import vissl  # noqa: F401  (registers the plugin)
-from testkit import run_launcher, STOCK_LAUNCHER
+from testkit import SMALL_TRUNK, STOCK_LAUNCHER, run_launcher
 
 TRANSFORMS = ("[{name:multicrop_plugin,total_num_crops:4,num_crops:[2,2],size_crops:[40,24],"
               "crop_scales:[[0.14,1],[0.05,0.14]],color_jitter_p:0.8,grayscale_p:0.2,blur_p:0.5}]")
@@ -23,7 +23,7 @@ def test_quick_cpu_trains_with_device_augment(tmp_path, mode):
     every iteration's loss is finite."""
     ckpt = tmp_path / "ckpt"
     proc = run_launcher([
-        "config=test/swav_plugin/quick_cpu",
+        "config=test/swav_plugin/quick_cpu", *SMALL_TRUNK,
         f"config.DATA.TRAIN.TRANSFORMS={TRANSFORMS}",
         f"config.DATA.TRAIN.DEVICE_AUGMENT={mode}",
         "config.DATA.NUM_DATALOADER_WORKERS=1",
@@ -55,19 +55,18 @@ def _run(tmp_path, name, overrides):
     return losses, bn
 
 
-@pytest.mark.parametrize("overrides", [
-    # precise BN re-estimates the statistics on the training loader's batches after the last epoch
-    ["config=pretrain/deepcluster_v2/deepclusterv2_quick_cpu", "config.DATA.NUM_DATALOADER_WORKERS=1",
-     "+config.HOOKS.PRECISE_BN.ENABLED=true", "+config.HOOKS.PRECISE_BN.NUM_BATCHES=2"],
-    # DeepCluster-v2 fills its memory bank with a pass over the training loader before training
-    ["config=pretrain/deepcluster_v2/deepclusterv2_quick_cpu", "config.DATA.NUM_DATALOADER_WORKERS=1"],
-], ids=["precise_bn", "deepclusterv2_memory_bank"])
-def test_code_that_reads_the_training_loader_sees_what_the_model_trains_on(tmp_path, overrides):
+def test_code_that_reads_the_training_loader_sees_what_the_model_trains_on(tmp_path):
     """``normalize`` sends the crops of ``off`` as uint8: a run with it must equal the run
     without it, losses and the final BatchNorm statistics, also where code of ours reads the
     training loader outside the train step (it used to get the uint8 crops: precise BN then
-    estimated the statistics of 0-255 inputs and the features were lost)."""
+    estimated the statistics of 0-255 inputs and the features were lost).  One run reads the
+    loader both ways: DeepCluster-v2 fills its memory bank with a pass over the training loader
+    before training (its pseudo-labels, hence the losses, come from that bank), and precise BN
+    re-estimates the statistics on the loader's batches after the last epoch."""
     import torch
+
+    overrides = ["config=pretrain/deepcluster_v2/deepclusterv2_quick_cpu", "config.DATA.NUM_DATALOADER_WORKERS=1",
+                 "+config.HOOKS.PRECISE_BN.ENABLED=true", "+config.HOOKS.PRECISE_BN.NUM_BATCHES=2"]
 
     off_losses, off_bn = _run(tmp_path, "off", overrides)
     on_losses, on_bn = _run(tmp_path, "normalize", [*overrides, "config.DATA.TRAIN.DEVICE_AUGMENT=normalize"])
