@@ -5,8 +5,8 @@ Classy Vision, Hydra and the plugin (about 4 CPU-seconds on the 2-core CI machin
 does each of its spawned training ranks: a 2-process run pays it three times, and the suite
 makes over a hundred such runs.  Most of those tests check what a run *does* (its losses,
 checkpoints, logs), not how its processes start.  For them ``testkit.run_launcher`` asks this
-zygote: one interpreter per test process that has imported all of that once, and forks a
-copy for each run.  The copy sets the run's working directory, environment, argv and output,
+zygote: an interpreter of the test process that has imported all of that once, and forks a
+copy for each run (one per environment the runs need, :data:`POOL_SIZE` of them kept).  The copy sets the run's working directory, environment, argv and output,
 then runs the launcher script as ``__main__``; its ranks are forked from it too (torch's
 ``start_processes(start_method="fork")`` in place of ``spawn``).
 
@@ -472,7 +472,11 @@ def serve(path):
 # --------------------------------------------------------------------------------------
 # the client (the test process)
 # --------------------------------------------------------------------------------------
-_server = {}
+_server = {}  # the zygote of this test process's latest run: pid, proc, path, env
+_pool = {}  # (test process id, key) -> that zygote's entry, the least recently used first
+#: zygotes kept per test process: the suite's usual environment and one other, so that a test
+#: file with a variable of its own does not make the next file start the usual one again
+POOL_SIZE = 2
 
 
 def enabled() -> bool:
@@ -492,13 +496,22 @@ def _key(env):
 
 def _address(env):
     """The socket path of a zygote started with ``env`` in this test process: started on
-    first use, and again when the test process' environment has changed since (a variable
-    that a module reads at import must have the run's value)."""
-    if _server.get("pid") == os.getpid() and _server["proc"].poll() is None:
-        if _server["env"] == _key(env):
-            return _server["path"]
-        _server["proc"].kill()
-        _server["proc"].wait()
+    first use of that environment (a variable that a module reads at import must have the
+    run's value), and kept while :data:`POOL_SIZE` zygotes are; the least recently used one
+    is stopped when a new one would exceed it."""
+    key = (os.getpid(), json.dumps(_key(env), sort_keys=True))
+    entry = _pool.pop(key, None)
+    if entry is not None and entry["proc"].poll() is None:
+        _pool[key] = entry  # the most recently used now
+        _server.clear()
+        _server.update(entry)
+        return entry["path"]
+    for old in [k for k in _pool if k[0] != os.getpid() or _pool[k]["proc"].poll() is not None]:
+        del _pool[old]  # a forked test process's copies, or zygotes that ended
+    while len(_pool) >= POOL_SIZE:
+        oldest = _pool.pop(next(iter(_pool)))
+        oldest["proc"].kill()
+        oldest["proc"].wait()
     folder = tempfile.mkdtemp(prefix="vissl_swav_plugin_zygote_")
     path = os.path.join(folder, "socket")
     log = open(os.path.join(folder, "zygote.log"), "w")
@@ -510,7 +523,10 @@ def _address(env):
     if first.strip() != "ready":
         proc.kill()
         raise RuntimeError(f"the test zygote did not start: {first}{open(log.name).read()[-3000:]}")
-    _server.update(pid=os.getpid(), proc=proc, path=path, env=_key(env))
+    entry = dict(pid=os.getpid(), proc=proc, path=path, env=_key(env))
+    _pool[key] = entry
+    _server.clear()
+    _server.update(entry)
     return path
 
 

@@ -101,19 +101,31 @@ def test_a_killed_warm_run_leaves_no_process(tmp_path):
 
 
 def test_a_changed_environment_restarts_the_zygote(tmp_path, monkeypatch):
-    """A variable set by the test must be seen at import, as in a fresh interpreter: the
-    zygote is started again with it (a module-level read in the launcher's copy sees it)."""
-    run_launcher(SMALL + [f"config.CHECKPOINT.DIR={tmp_path / 'a'}"], cwd=tmp_path)
-    first = zygote._server["proc"]
-    monkeypatch.setenv("VISSL_SWAV_PLUGIN_TEST_MARK", "1")
+    """A variable set by the test must be seen at import, as in a fresh interpreter: a zygote
+    is started with it (a module-level read in the launcher's copy sees it).  The zygote of the
+    usual environment is kept for the runs after (two per test process, the least recently
+    used stopped for a third)."""
     script = tmp_path / "show.py"
     script.write_text("import os, sys\nprint('seen', os.environ.get('VISSL_SWAV_PLUGIN_TEST_MARK'), "
                       "'torch' in sys.modules)\n")
+    run_launcher(SMALL + [f"config.CHECKPOINT.DIR={tmp_path / 'a'}"], cwd=tmp_path)
+    first = zygote._server["proc"]
+    monkeypatch.setenv("VISSL_SWAV_PLUGIN_TEST_MARK", "1")
     code, out = zygote.run([str(script)], tmp_path, testkit.launcher_env(), timeout=600)
     assert code == 0 and "seen 1 True" in out, out  # warm (torch already imported), new variable
-    assert zygote._server["proc"] is not first and first.poll() is not None
+    second = zygote._server["proc"]
+    assert second is not first and first.poll() is None
     assert zygote._server["env"]["VISSL_SWAV_PLUGIN_TEST_MARK"] == "1"
     assert testkit._warm(fresh=False) and not testkit._warm(fresh=True)
+    monkeypatch.delenv("VISSL_SWAV_PLUGIN_TEST_MARK")
+    code, out = zygote.run([str(script)], tmp_path, testkit.launcher_env(), timeout=600)
+    assert code == 0 and "seen None True" in out, out
+    assert zygote._server["proc"] is first  # the usual environment's zygote, kept
+    monkeypatch.setenv("VISSL_SWAV_PLUGIN_TEST_MARK", "2")  # a third environment
+    code, out = zygote.run([str(script)], tmp_path, testkit.launcher_env(), timeout=600)
+    assert code == 0 and "seen 2 True" in out, out
+    assert zygote._server["proc"] not in (first, second)
+    assert second.poll() is not None and first.poll() is None  # the least recently used one stopped
 
 
 def test_a_variable_read_only_at_run_time_keeps_the_zygote(tmp_path):
