@@ -2,7 +2,7 @@
 from pathlib import Path
 import pytest
 import torch
-from testkit import REPO, run_launcher, run_script
+from testkit import REPO, SMALL_TRUNK, run_launcher, run_script
 
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -33,9 +33,7 @@ def suite(tmp_path_factory):
     env = {"VISSL_DATASET_CATALOG_PATH": str(catalog)}
     # our checkpoint: a short SwAV run (1 process, 1 epoch of 32 images) on Fashion-MNIST
     ckpt_dir = root / "pretrain"
-    run_launcher(["config=test/swav_plugin/quick_cpu", "config.MODEL.TRUNK.NAME=resnet_small_plugin",
-                  "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
-                  "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+    run_launcher(["config=test/swav_plugin/quick_cpu", *SMALL_TRUNK,
                   "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", "config.DATA.TRAIN.DATASET_NAMES=[fashion_mnist_folder]",
                   "config.DATA.TRAIN.DATA_LIMIT=32", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
                   "config.OPTIMIZER.num_epochs=1", f"config.CHECKPOINT.DIR={ckpt_dir}"], cwd=root, env=env)

@@ -12,13 +12,11 @@ import sys
 import threading
 import time
 
-from testkit import HANG_S, PLUGIN_LAUNCHER, STOCK_LAUNCHER, launcher_env
+from testkit import HANG_S, PLUGIN_LAUNCHER, SMALL_TRUNK, STOCK_LAUNCHER, launcher_env
 
 LONG_RUN = [
     "config=test/swav_plugin/quick_cpu",
-    "config.MODEL.TRUNK.NAME=resnet_small_plugin",
-    "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
-    "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+    *SMALL_TRUNK,
     "config.OPTIMIZER.num_epochs=1000",  # never finishes by itself
     "config.DATA.NUM_DATALOADER_WORKERS=1",
     "config.MULTI_PROCESSING_METHOD=forkserver",

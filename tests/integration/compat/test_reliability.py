@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from reliability_helpers import run_failing_launcher
-from testkit import HANG_S, folder_data_overrides, launcher_env, make_image_folder, run_launcher, run_launcher_until
+from testkit import HANG_S, SMALL_TRUNK, folder_data_overrides, launcher_env, make_image_folder, run_launcher, run_launcher_until
 
 # 32 images, 4 per process x 2 processes -> 4 iterations per epoch; 3 epochs = 12 iterations.
 # Queue (8 entries per process) from epoch 1 (iteration 4).  One mid-epoch checkpoint at
@@ -30,9 +30,7 @@ ITERS_PER_EPOCH, EPOCHS, CKPT_ITER = 4, 3, 6
 FREEZE = 3  # iterations the prototypes stay frozen
 SMALL = [
     "config=test/swav_plugin/quick_cpu",
-    "config.MODEL.TRUNK.NAME=resnet_small_plugin",
-    "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
-    "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+    *SMALL_TRUNK,
     "config.DATA.TRAIN.DATA_LIMIT=-1",
 ]
 # Resume-exact settings: VISSL's stateful sampler (skips the batches of the interrupted

@@ -8,14 +8,12 @@ import shutil
 import pytest
 
 from reliability_helpers import run_failing_launcher, snapshot
-from testkit import folder_data_overrides, make_image_folder, run_launcher
+from testkit import SMALL_TRUNK, folder_data_overrides, make_image_folder, run_launcher
 from bad_inputs_cases import QUICK, _corrupt  # noqa: F401
 
 SMALL = [
     QUICK,
-    "config.MODEL.TRUNK.NAME=resnet_small_plugin",
-    "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
-    "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+    *SMALL_TRUNK,
     "config.DATA.TRAIN.DATA_LIMIT=-1",
 ]
 

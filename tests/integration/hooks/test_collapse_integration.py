@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from testkit import folder_data_overrides, make_image_folder, run_gloo_workers, run_launcher
+from testkit import SMALL_TRUNK, folder_data_overrides, make_image_folder, run_gloo_workers, run_launcher
 from collapse_cases import (D, FakeLoss, T, drive, fake_task, figures, healthy_scores, make_hook, uniform_scores,)  # noqa: F401  (fixtures and cases shared with the unit part)
 
 
@@ -28,9 +28,7 @@ def test_figures_and_decision_are_all_reduced_over_processes():
 
 
 # -- end to end: VISSL's stock launcher, 2 gloo processes --------------------------------------
-SMALL = ["config=test/swav_plugin/quick_cpu", "config.MODEL.TRUNK.NAME=resnet_small_plugin",
-         "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
-         "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+SMALL = ["config=test/swav_plugin/quick_cpu", *SMALL_TRUNK,
          "config.OPTIMIZER.num_epochs=2"]  # 16 images / (4 x 2 processes): 2 iterations per epoch
 FORCED = ["config.LOSS.swav_plugin_loss.epsilon=1000.0", "config.LOSS.swav_plugin_loss.temperature=100.0",
           "config.HOOKS.COLLAPSE_DETECTOR.PATIENCE_ITERS=3"]

@@ -5,7 +5,7 @@ The in-process tests are in ``tests/unit/hooks/test_precise_bn.py``.
 
 import torch
 
-from testkit import folder_data_overrides, make_image_folder, run_gloo_workers, run_launcher
+from testkit import SMALL_TRUNK, folder_data_overrides, make_image_folder, run_gloo_workers, run_launcher
 from precise_bn_cases import expected_stats, multicrop_batches, tiny_trunk  # noqa: F401
 
 
@@ -34,9 +34,7 @@ def test_e2e_final_checkpoint_holds_the_reestimated_statistics(tmp_path):
     so the saved trunk's BatchNorm layers have counted one forward call per global crop of
     NUM_BATCHES batches (cumulative average), not the training's calls."""
     data = folder_data_overrides(make_image_folder(tmp_path / "images"))
-    overrides = ["config=test/swav_plugin/quick_cpu", "config.MODEL.TRUNK.NAME=resnet_small_plugin",
-                 "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
-                 "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+    overrides = ["config=test/swav_plugin/quick_cpu", *SMALL_TRUNK,
                  "config.OPTIMIZER.num_epochs=2", "+config.HOOKS.PRECISE_BN={ENABLED:True,NUM_BATCHES:1}",
                  f"config.CHECKPOINT.DIR={tmp_path / 'ckpt'}", *data]
     out = run_launcher(overrides, cwd=tmp_path).stdout

@@ -10,13 +10,11 @@ import torch
 
 import testkit
 import zygote
-from testkit import run_launcher
+from testkit import SMALL_TRUNK, run_launcher
 
 SMALL = [
     "config=test/swav_plugin/quick_cpu",
-    "config.MODEL.TRUNK.NAME=resnet_small_plugin",
-    "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
-    "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+    *SMALL_TRUNK,
 ]
 
 

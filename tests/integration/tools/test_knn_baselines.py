@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from reference_swav import reference_knn
-from testkit import REPO, compose, folder_data_overrides, make_image_folder, run_script
+from testkit import REPO, SMALL_TRUNK, compose, folder_data_overrides, make_image_folder, run_script
 
 TOOL = REPO / "tools" / "knn_eval.py"
 TRUNK = ["config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.DEPTH=10", "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.WIDTH=8"]
@@ -33,9 +33,7 @@ def baseline_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("knn_baselines")
     train = make_image_folder(root / "train", classes=5, per_class=24, size=32, seed=3)
     test = make_image_folder(root / "test", classes=5, per_class=20, size=32, seed=4)
-    cfg = compose(["config=test/swav_plugin/quick_cpu", "config.MODEL.TRUNK.NAME=resnet_small_plugin",
-                   "+config.MODEL.TRUNK.RESNET_SMALL_PLUGIN={WIDTH:8,DEPTH:10}",
-                   "config.MODEL.HEAD.PARAMS=[[swav_plugin_head,{dims:[64,32,16],use_bn:True,num_clusters:[20]}]]",
+    cfg = compose(["config=test/swav_plugin/quick_cpu", *SMALL_TRUNK,
                    f"config.CHECKPOINT.DIR={root}"])
     torch.manual_seed(7)
     model = build_model(cfg.MODEL, cfg.OPTIMIZER)
