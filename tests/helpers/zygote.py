@@ -6,8 +6,9 @@ does each of its spawned training ranks: a 2-process run pays it three times, an
 makes over a hundred such runs.  Most of those tests check what a run *does* (its losses,
 checkpoints, logs), not how its processes start.  For them ``testkit.run_launcher`` asks this
 zygote: an interpreter of the test process that has imported all of that once, and forks a
-copy for each run (one per environment the runs need, :data:`POOL_SIZE` of them kept).  The copy sets the run's working directory, environment, argv and output,
-then runs the launcher script as ``__main__``; its ranks are forked from it too (torch's
+copy for each run (one zygote per environment the runs need, :data:`POOL_SIZE` of them kept).
+The copy sets the run's working directory, environment, argv and output, then runs the
+launcher script as ``__main__``; its ranks are forked from it too (torch's
 ``start_processes(start_method="fork")`` in place of ``spawn``).
 
 What a fork cannot show, the tests that exist for it still run in fresh interpreters
