@@ -501,12 +501,9 @@ def _address(env):
     run's value), and kept while :data:`POOL_SIZE` zygotes are; the least recently used one
     is stopped when a new one would exceed it."""
     key = (os.getpid(), json.dumps(_key(env), sort_keys=True))
-    entry = _pool.pop(key, None)
+    entry = _pool.get(key)
     if entry is not None and entry["proc"].poll() is None:
-        _pool[key] = entry  # the most recently used now
-        _server.clear()
-        _server.update(entry)
-        return entry["path"]
+        return _use(key, entry)
     for old in [k for k in _pool if k[0] != os.getpid() or _pool[k]["proc"].poll() is not None]:
         del _pool[old]  # a forked test process's copies, or zygotes that ended
     while len(_pool) >= POOL_SIZE:
@@ -524,11 +521,16 @@ def _address(env):
     if first.strip() != "ready":
         proc.kill()
         raise RuntimeError(f"the test zygote did not start: {first}{open(log.name).read()[-3000:]}")
-    entry = dict(pid=os.getpid(), proc=proc, path=path, env=_key(env))
+    return _use(key, dict(pid=os.getpid(), proc=proc, path=path, env=_key(env)))
+
+
+def _use(key, entry):
+    """``entry`` becomes the most recently used zygote of the pool, and ``_server``."""
+    _pool.pop(key, None)
     _pool[key] = entry
     _server.clear()
     _server.update(entry)
-    return path
+    return entry["path"]
 
 
 class Run:

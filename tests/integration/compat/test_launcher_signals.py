@@ -48,24 +48,23 @@ class PipedRun:
     def output(self):
         return "".join(self.text)
 
-    def wait_for(self, marker, bound):
+    def _until(self, ready, bound, what):
+        """Poll ``ready()`` until it is true while the launcher runs; returns its value."""
         deadline = time.monotonic() + bound
-        while marker not in self.output:
-            assert self.proc.poll() is None, f"run ended before '{marker}':\n{self.output[-4000:]}"
-            assert time.monotonic() < deadline, f"'{marker}' not seen within {bound}s"
+        while not (value := ready()):
+            assert self.proc.poll() is None, f"run ended before {what}:\n{self.output[-4000:]}"
+            assert time.monotonic() < deadline, f"{what} not seen within {bound}s"
             time.sleep(0.2)
+        return value
+
+    def wait_for(self, marker, bound):
+        self._until(lambda: marker in self.output, bound, f"'{marker}'")
 
     def wait_for_workers(self, bound):
         """Wait until both ranks' forkservers and DataLoader workers run (4 processes started
-        from a forkserver), the processes a signal must reach; returns the run's processes."""
-        deadline = time.monotonic() + bound
-        while True:
-            procs = _processes_of(self.proc.pid)
-            if sum("forkserver" in p for p in procs) >= 4:
-                return procs
-            assert self.proc.poll() is None, f"run ended before its workers started:\n{self.output[-4000:]}"
-            assert time.monotonic() < deadline, f"the workers did not start within {bound}s: {procs}"
-            time.sleep(0.2)
+        from a forkserver), the processes a signal must reach."""
+        self._until(lambda: sum("forkserver" in p for p in _processes_of(self.proc.pid)) >= 4, bound,
+                    "both ranks' forkservers and workers")
 
     def group(self):
         """pids still in the run's process group (zombies excluded)."""
