@@ -41,6 +41,28 @@ if "VISSL_SWAV_PLUGIN_CACHE_DIR" not in os.environ:
 def pytest_configure(config):
     config.addinivalue_line("markers", "unit: runs in the test process only (tests/unit; make test-fast)")
     config.addinivalue_line("markers", "integration: starts a launcher, gloo workers or a subprocess (tests/integration)")
+    share_the_cores()
+
+
+def share_the_cores():
+    """A pytest-xdist worker runs its own torch and BLAS work on its share of the cores
+    (cores // workers, at least 1) instead of on every core: beside the other workers, a pool
+    of one thread per core waits on itself (OpenMP threads spin for the core another worker
+    holds; measured in docs/development.md, "Where make test's time goes").  Only this process:
+    the environment, and with it every process a test starts, is left as it is.
+
+    Returns:
+        the threads per worker, or None outside pytest-xdist (nothing changed)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2:
+        return None
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    share = max(1, (os.cpu_count() or 1) // workers)
+    torch.set_num_threads(share)
+    threadpool_limits(limits=share)
+    return share
 
 
 def kind_of(path) -> str:
