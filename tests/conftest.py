@@ -56,6 +56,10 @@ def share_the_cores():
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers < 2:
         return None
+    # the thread pools of libraries loaded later keep their defaults: SciPy's own OpenBLAS and
+    # scikit-learn's own OpenMP are loaded here, before the limit
+    import scipy.linalg  # noqa: F401
+    import sklearn  # noqa: F401
     import torch
     from threadpoolctl import threadpool_limits
 
