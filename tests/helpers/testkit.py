@@ -59,6 +59,16 @@ def run_script(argv, cwd, env=None, timeout=HANG_S, fresh=False):
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
 
 
+def python_command(env=None, fresh=False):
+    """What a shell command can run in place of ``python``: ``[python, -S, zygote.py, SOCKET]``,
+    which runs a script in a fork of the warm zygote of ``launcher_env(env)`` with the shell's
+    working directory, environment and output (:func:`zygote.main`), or ``[python]`` (a new
+    interpreter) where the run must be fresh, as in :func:`run_script`."""
+    if _warm(fresh):
+        return [sys.executable, "-S", zygote.__file__, zygote.address(launcher_env(env))]
+    return [sys.executable]
+
+
 def launcher_env(env=None):
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")

@@ -534,11 +534,13 @@ def _use(key, entry):
 
 
 class Run:
-    """One launcher run in a forked copy: ``pid`` (its process group), ``wait(timeout)``."""
+    """One launcher run in a forked copy: ``pid`` (its process group), ``wait(timeout)``;
+    ``path``: the socket of a zygote already started (default: this test process's zygote of
+    ``env``, started if need be)."""
 
-    def __init__(self, argv, cwd, env, out_fd):
+    def __init__(self, argv, cwd, env, out_fd, path=None):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock.connect(_address(env))
+        self.sock.connect(path or _address(env))
         socket.send_fds(self.sock, [json.dumps(dict(argv=list(argv), cwd=str(cwd), env=env)).encode()], [out_fd])
         answer = self.sock.recv(256).decode()
         if not answer.startswith("pid "):
@@ -597,3 +599,31 @@ def run(argv, cwd, env, timeout):
                 chunks.append(chunk)
     code = r.wait(max(1.0, deadline - time.time()))
     return code, b"".join(chunks).decode(errors="replace")
+
+
+def address(env):
+    """The socket path of this test process's zygote of ``env`` (started if need be), for
+    :func:`main` run from another process."""
+    return _address(env)
+
+
+def main(argv):
+    """``python -S zygote.py SOCKET SCRIPT ARGS...``: run ``SCRIPT ARGS...`` in a copy of the
+    zygote listening on ``SOCKET``, with this process's working directory and environment,
+    its output (stdout and stderr) on this process's stdout, and exit with the copy's code
+    (128 + N for signal N).  A warm stand-in for ``python SCRIPT ARGS...`` that a shell
+    command can run: a console script's shim.  Only the standard library is imported here."""
+    run = Run(argv[1:], os.getcwd(), dict(os.environ), 1, path=argv[0])
+
+    def stop(signum, frame):
+        run.kill()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    code = run.wait()
+    sys.exit(code if code >= 0 else 128 - code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -209,3 +209,23 @@ def test_a_nested_run_is_forked_only_where_a_fork_gives_what_a_new_interpreter_w
     assert forked == dict(warm=True, threads=3, mark=None, argv=[str(child), "a"], path0=str(tmp_path), sigterm=True)
     assert fresh == dict(warm=False, threads=1, mark="x", argv=[str(child), "a"], path0=str(tmp_path), sigterm=True)
     assert [json.loads(line)["argv"] for line in trace.read_text().splitlines()] == [[str(child), "a"]]
+
+
+def test_a_shell_command_runs_a_script_warm_with_its_directory_environment_output_and_exit_code(tmp_path):
+    """``testkit.python_command`` in a shell command (the own-images section's console-script
+    shims): the script runs in a fork of the warm zygote (VISSL already imported), in the
+    shell's working directory, with its environment (a variable the shell set), arguments,
+    stdout and stderr, and the command exits with the script's code."""
+    import shlex
+    import subprocess
+
+    script = tmp_path / "s.py"
+    script.write_text("import os, sys\n"
+                      "print('OUT', os.getcwd(), os.environ.get('MARK'), 'vissl' in sys.modules, sys.argv[1:])\n"
+                      "print('ERR', file=sys.stderr)\nsys.exit(3)\n")
+    (tmp_path / "here").mkdir()
+    cmd = " ".join(shlex.quote(str(a)) for a in [*testkit.python_command(), script, "a b"])
+    r = subprocess.run(["bash", "-c", f"cd here && MARK=m {cmd}"], cwd=tmp_path, env=testkit.launcher_env(),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=testkit.HANG_S)
+    assert r.returncode == 3, r.stdout
+    assert f"OUT {tmp_path / 'here'} m True ['a b']" in r.stdout and "ERR" in r.stdout, r.stdout

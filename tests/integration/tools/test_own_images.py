@@ -1,17 +1,19 @@
 """docs/own_images.md, followed literally: its ``bash own-images-cpu`` block runs as written
 (the console scripts of setup.py on the PATH) on 200 generated PNGs in 5 class folders,
-with tiny epochs / batch through the variables the block reads."""
+with tiny epochs / batch through the variables the block reads.  Each console script's shim
+runs its entry point in a fork of the warm zygote (``testkit.python_command``; a new
+interpreter with ``VISSL_SWAV_PLUGIN_TEST_FRESH=1``): the installed scripts in fresh
+interpreters are ``test_console_scripts_integration.py``'s."""
 import os
 import re
 import stat
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import yaml
 
-from testkit import REPO, launcher_env
+from testkit import REPO, launcher_env, python_command
 
 DOC = REPO / "docs" / "own_images.md"
 
@@ -24,19 +26,24 @@ def doc_block(tag):
 
 
 def console_scripts():
-    """{name: python arguments} of setup.py's console scripts (as pip would install them)."""
+    """{name: (module, function)} of setup.py's console scripts (as pip would install them)."""
     found = re.findall(r'"(swav-plugin-[\w-]+) = ([\w.]+):(\w+)"', (REPO / "setup.py").read_text())
     assert found
-    scripts = {name: ["-c", f"import sys; from {mod} import {fn}; sys.exit({fn}())"] for name, mod, fn in found}
-    return scripts
+    return {name: (mod, fn) for name, mod, fn in found}
 
 
-def install_shims(bin_dir):
+def install_shims(bin_dir, python):
+    """A shim per console script in ``bin_dir``: ``python`` (``testkit.python_command``: a
+    new interpreter, or a fork of the warm zygote) runs a script that calls the entry point,
+    as pip's script does."""
     bin_dir.mkdir()
-    for name, args in console_scripts().items():
-        quoted = " ".join(f"'{a}'" for a in args)
+    (bin_dir / "entry_points").mkdir()
+    for name, (mod, fn) in console_scripts().items():
+        script = bin_dir / "entry_points" / f"{name}.py"
+        script.write_text(f"import sys\nfrom {mod} import {fn}\nif __name__ == '__main__':\n    sys.exit({fn}())\n")
+        quoted = " ".join(f"'{a}'" for a in [*python, script])
         path = bin_dir / name
-        path.write_text(f'#!/bin/sh\nexec "{sys.executable}" {quoted} "$@"\n')
+        path.write_text(f'#!/bin/sh\nexec {quoted} "$@"\n')
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
@@ -58,7 +65,6 @@ def make_images(root, classes=5, per_class=40, size=32, seed=0):
 @pytest.mark.timeout(1500)
 def test_own_images_section_runs_as_written(tmp_path):
     make_images(tmp_path / "my_images")
-    install_shims(tmp_path / "bin")
     work = tmp_path / "work"
     work.mkdir()
     env = launcher_env({
@@ -66,6 +72,7 @@ def test_own_images_section_runs_as_written(tmp_path):
         "IMAGES": str(tmp_path / "my_images"), "EPOCHS": "1", "BATCH": "8", "EVAL_EPOCHS": "1",
         "VAL_FRACTION": "0.5",
     })
+    install_shims(tmp_path / "bin", python_command(env))
     r = subprocess.run(["bash", "-euo", "pipefail", "-c", doc_block("own-images-cpu")], cwd=work, env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1400)
     out = r.stdout
