@@ -49,13 +49,11 @@ def share_the_cores():
     (cores // workers, at least 1) instead of on every core: beside the other workers, a pool
     of one thread per core waits on itself (OpenMP threads spin for the core another worker
     holds; measured in docs/development.md, "Where make test's time goes").  Only this process:
-    the environment, and with it every process a test starts, is left as it is.
-
-    Returns:
-        the threads per worker, or None outside pytest-xdist (nothing changed)."""
+    the environment, and with it every process a test starts, is left as it is; outside
+    pytest-xdist nothing changes."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers < 2:
-        return None
+        return
     # the thread pools of libraries loaded later keep their defaults: SciPy's own OpenBLAS and
     # scikit-learn's own OpenMP are loaded here, before the limit
     import scipy.linalg  # noqa: F401
@@ -66,7 +64,6 @@ def share_the_cores():
     share = max(1, (os.cpu_count() or 1) // workers)
     torch.set_num_threads(share)
     threadpool_limits(limits=share)
-    return share
 
 
 def kind_of(path) -> str:

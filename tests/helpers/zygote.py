@@ -495,7 +495,7 @@ def _key(env):
     return {k: v for k, v in env.items() if k not in RUN_TIME_ENV}
 
 
-def _address(env):
+def address(env):
     """The socket path of a zygote started with ``env`` in this test process: started on
     first use of that environment (a variable that a module reads at import must have the
     run's value), and kept while :data:`POOL_SIZE` zygotes are; the least recently used one
@@ -540,7 +540,7 @@ class Run:
 
     def __init__(self, argv, cwd, env, out_fd, path=None):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock.connect(path or _address(env))
+        self.sock.connect(path or address(env))
         socket.send_fds(self.sock, [json.dumps(dict(argv=list(argv), cwd=str(cwd), env=env)).encode()], [out_fd])
         answer = self.sock.recv(256).decode()
         if not answer.startswith("pid "):
@@ -599,12 +599,6 @@ def run(argv, cwd, env, timeout):
                 chunks.append(chunk)
     code = r.wait(max(1.0, deadline - time.time()))
     return code, b"".join(chunks).decode(errors="replace")
-
-
-def address(env):
-    """The socket path of this test process's zygote of ``env`` (started if need be), for
-    :func:`main` run from another process."""
-    return _address(env)
 
 
 def main(argv):

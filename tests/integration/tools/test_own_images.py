@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
+from doc_commands import console_scripts
 from testkit import REPO, launcher_env, python_command
 
 DOC = REPO / "docs" / "own_images.md"
@@ -25,20 +26,15 @@ def doc_block(tag):
     return m.group(1)
 
 
-def console_scripts():
-    """{name: (module, function)} of setup.py's console scripts (as pip would install them)."""
-    found = re.findall(r'"(swav-plugin-[\w-]+) = ([\w.]+):(\w+)"', (REPO / "setup.py").read_text())
-    assert found
-    return {name: (mod, fn) for name, mod, fn in found}
-
-
 def install_shims(bin_dir, python):
     """A shim per console script in ``bin_dir``: ``python`` (``testkit.python_command``: a
     new interpreter, or a fork of the warm zygote) runs a script that calls the entry point,
     as pip's script does."""
+    scripts = console_scripts()
+    assert scripts
     bin_dir.mkdir()
     (bin_dir / "entry_points").mkdir()
-    for name, (mod, fn) in console_scripts().items():
+    for name, (mod, fn) in scripts.items():
         script = bin_dir / "entry_points" / f"{name}.py"
         script.write_text(f"import sys\nfrom {mod} import {fn}\nif __name__ == '__main__':\n    sys.exit({fn}())\n")
         quoted = " ".join(f"'{a}'" for a in [*python, script])
