@@ -22,7 +22,8 @@ run of the same config give the same losses and weights, bit for bit.
 ``subprocess.Popen`` of ``python script.py`` (the demo's launcher, the GPU check's sections)
 is a fork of the copy, reset to the state the copy started from, wherever a fork gives what a
 new interpreter would (:func:`_nestable`); the zygote test checks a demo run so against one
-whose every process is fresh.
+whose every process is fresh.  A shell command runs a script so through :func:`main`
+(``testkit.python_command``: the own-images section's console-script shims).
 
 Protocol: a Unix SOCK_SEQPACKET socket; the client sends one JSON message (argv, cwd, env)
 with its output file descriptor attached; the zygote answers ``pid N`` at once and
