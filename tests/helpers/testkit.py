@@ -171,12 +171,13 @@ def _free_port():
 
 
 def _gloo_entry(rank, fn, world, port, args, out):
+    import torch
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        out[rank] = fn(rank, *args)
+        torch.save(fn(rank, *args), os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -184,10 +185,18 @@ def _gloo_entry(rank, fn, world, port, args, out):
 def run_gloo_workers(fn, args=(), world=2):
     """Run ``fn(rank, *args)`` in ``world`` spawned processes joined in a gloo process
     group (fresh interpreters, as VISSL's launcher makes them); returns their results in
-    rank order.  ``fn`` must be a module-level function (it is pickled)."""
+    rank order (each rank saves its own with ``torch.save``: no third process serves them).
+    ``fn`` must be a module-level function (it is pickled)."""
+    import shutil
+    import tempfile
+
+    import torch
     import torch.multiprocessing as mp
 
-    out = mp.get_context("spawn").Manager().dict()
-    mp.start_processes(_gloo_entry, args=(fn, world, _free_port(), tuple(args), out), nprocs=world,
-                       start_method="spawn")
-    return [out[r] for r in range(world)]
+    out = tempfile.mkdtemp(prefix="gloo_results_")
+    try:
+        mp.start_processes(_gloo_entry, args=(fn, world, _free_port(), tuple(args), out), nprocs=world,
+                           start_method="spawn")
+        return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

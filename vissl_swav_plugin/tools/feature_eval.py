@@ -184,11 +184,24 @@ class _FeatureSet:
         return r, pr
 
 
+def evaluation_threads():
+    """torch threads for the evaluation: ``OMP_NUM_THREADS`` where it is set to a positive
+    integer (the user's or a launcher's share of the cores), else every core.
+
+    Example: ``OMP_NUM_THREADS=2 swav-plugin-eval ...`` extracts the features on 2 threads."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return max(1, os.cpu_count() or 1)
+
+
 def evaluate_features(overrides, ckpt_path, data, seed, random_inits=5, probes=None, num_classes=None, log=print):
     """The checkpoint's features, ``random_inits`` random initialisations of the same network
     (the first is the training's own starting point; their mean is the baseline) and the raw
     pixels, judged on the same images by kNN and, with ``probes`` (keyword arguments of
     :func:`~vissl_swav_plugin.utils.probes.probe_report`), the linear and low-shot probes.
+    torch runs on :func:`evaluation_threads` threads meanwhile; the caller's number of threads
+    is set back on return.
 
     Args:
         overrides: the training's config overrides (the same model is built from them).
@@ -209,9 +222,20 @@ def evaluate_features(overrides, ckpt_path, data, seed, random_inits=5, probes=N
         random init; ``timings`` seconds per model.
     """
     import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(evaluation_threads())
+    try:
+        return _evaluate(overrides, ckpt_path, data, seed, random_inits, probes, num_classes, log)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _evaluate(overrides, ckpt_path, data, seed, random_inits, probes, num_classes, log):
+    """:func:`evaluate_features`' work, on the threads it set."""
+    import torch
     from vissl_swav_plugin.utils.knn import mean_over_inits
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
     num_classes = num_classes or int(max(data["train_y"].max(), data["test_y"].max())) + 1
     timings, knn, probe_results, scores = {}, {}, {}, {}
     config, trained = build_vissl_model(overrides, seed)

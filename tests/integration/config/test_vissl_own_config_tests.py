@@ -4,8 +4,10 @@ Every override set of VISSL v0.1.6's ``tests/test_configs.py`` and VISSL's ``tes
 (``tests/helpers/vissl_own_config_cases.py``: the explicit ones copied, the parameterised ones over
 the installed VISSL's configs, as VISSL lists them) is composed with the plugin active, and with
 ``VISSL_SWAV_PLUGIN_DISABLE=1`` wherever the verdict depends on VISSL alone's outcome (the cases
-the plugin fails, and those whose test checks values), in fresh interpreters and a working
-directory without a ``configs/`` folder.  Wherever VISSL alone passes, the plugin must pass with
+the plugin fails, and those whose test checks values), in a working directory without a
+``configs/`` folder: VISSL alone in a fresh interpreter, the plugin's two runners in forks of the
+suite's warm zygote (``tests/helpers/zygote.py``: an interpreter that imported VISSL with the
+plugin on, as a fresh one does; ``VISSL_SWAV_PLUGIN_TEST_FRESH=1``: fresh ones).  Wherever VISSL alone passes, the plugin must pass with
 the values VISSL's test checks; wherever VISSL alone fails, the plugin may pass (a host breakage
 its compat layer mends) or fail the same way.  The configs VISSL's tests only compose are
 converted too (``converted:`` cases), so that every config VISSL ships (but its detectron2 ones)
@@ -15,25 +17,32 @@ import json
 import subprocess
 import sys
 
+import testkit
+import zygote
 from testkit import HANG_S, REPO, launcher_env
 from vissl_own_config_cases import EXPLICIT, all_cases
 
 RUNNER = REPO / "tests" / "helpers" / "vissl_own_config_cases.py"
 
 
-def _run(tmp_path, name, env, only):
-    """Start the runner on the case ids ``only`` (a list); returns (its output file, the process)."""
-    only_file, out = tmp_path / f"{name}.only.json", tmp_path / f"{name}.json"
+def _run(tmp_path, name, env, only, fresh=False):
+    """Start the runner on the case ids ``only`` (a list), in a fork of the warm zygote unless
+    ``fresh``; returns (its output file, its log file, the process)."""
+    only_file, out, log = tmp_path / f"{name}.only.json", tmp_path / f"{name}.json", tmp_path / f"{name}.log"
     only_file.write_text(json.dumps(only))
-    return out, subprocess.Popen([sys.executable, str(RUNNER), str(out), str(only_file)], cwd=str(tmp_path),
-                                 env=launcher_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    argv = [str(RUNNER), str(out), str(only_file)]
+    with open(log, "w") as f:
+        if testkit._warm(fresh):
+            return out, log, zygote.Run(argv, tmp_path, launcher_env(env), f.fileno())
+        return out, log, subprocess.Popen([sys.executable, *argv], cwd=str(tmp_path), env=launcher_env(env),
+                                          stdout=f, stderr=subprocess.STDOUT)
 
 
 def _collect(runs):
     result = {}
-    for name, (out, proc) in runs.items():
-        text, _ = proc.communicate(timeout=HANG_S)
-        assert proc.returncode == 0, f"{name}: the runner failed:\n{text[-4000:]}"
+    for name, (out, log, proc) in runs.items():
+        code = proc.wait(timeout=HANG_S)
+        assert code == 0, f"{name}: the runner failed:\n{log.read_text()[-4000:]}"
         result.update(json.loads(out.read_text()))
     return result
 
@@ -50,7 +59,7 @@ def _outcomes(tmp_path):
     cases = sorted(all_cases())
     on = _collect({f"on{i}": _run(tmp_path, f"on{i}", {}, cases[i::2]) for i in range(2)})
     needed = sorted(case for case in cases if needs_vissl_alone(case, on[case]))
-    off = _collect({"off": _run(tmp_path, "off", {"VISSL_SWAV_PLUGIN_DISABLE": "1"}, needed)})
+    off = _collect({"off": _run(tmp_path, "off", {"VISSL_SWAV_PLUGIN_DISABLE": "1"}, needed, fresh=True)})
     assert set(off) == set(needed)
     return on, off
 

@@ -158,3 +158,42 @@ def test_a_checkpoint_with_python_objects_is_refused_not_unpickled(tmp_path):
     assert not marker.exists()
     torch.load(path, weights_only=False)  # the payload is real: full unpickling runs it
     assert marker.exists()
+
+
+@pytest.mark.parametrize("omp,expect", [
+    ("1", 1), ("3", 3), (" 2 ", 2),  # a positive integer: the share of the cores the user or launcher gave
+    (None, "cores"), ("", "cores"), ("0", "cores"), ("-1", "cores"), ("two", "cores"), ("2,1", "cores"),
+])
+def test_the_evaluation_runs_on_omp_num_threads_and_gives_the_callers_threads_back(monkeypatch, omp, expect):
+    """The evaluation's torch threads follow OMP_NUM_THREADS where it names a positive number of
+    threads (as torch's own start-up reads it), else every core; the caller's thread count is
+    set back afterwards, also when the evaluation fails."""
+    import os
+
+    import torch
+
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    expect = max(1, os.cpu_count() or 1) if expect == "cores" else expect
+    seen = []
+
+    def work(*args):
+        seen.append(torch.get_num_threads())
+        if len(seen) == 2:
+            raise RuntimeError("evaluation failed")
+        return "result"
+
+    monkeypatch.setattr(fe, "_evaluate", work)
+    before = torch.get_num_threads()
+    caller = 5 if before != 5 else 4  # a count that is neither torch's default nor the expected one
+    torch.set_num_threads(caller)
+    try:
+        assert fe.evaluate_features([], "ck", {}, 0) == "result"
+        assert seen == [expect] and torch.get_num_threads() == caller
+        with pytest.raises(RuntimeError, match="evaluation failed"):
+            fe.evaluate_features([], "ck", {}, 0)
+        assert seen == [expect, expect] and torch.get_num_threads() == caller
+    finally:
+        torch.set_num_threads(before)
