@@ -14,12 +14,8 @@ converted too (``converted:`` cases), so that every config VISSL ships (but its 
 goes through the plugin's checks.
 """
 import json
-import subprocess
-import sys
 
-import testkit
-import zygote
-from testkit import HANG_S, REPO, launcher_env
+from testkit import HANG_S, REPO, start_launcher
 from vissl_own_config_cases import EXPLICIT, all_cases
 
 RUNNER = REPO / "tests" / "helpers" / "vissl_own_config_cases.py"
@@ -27,15 +23,11 @@ RUNNER = REPO / "tests" / "helpers" / "vissl_own_config_cases.py"
 
 def _run(tmp_path, name, env, only, fresh=False):
     """Start the runner on the case ids ``only`` (a list), in a fork of the warm zygote unless
-    ``fresh``; returns (its output file, its log file, the process)."""
+    ``fresh`` (``testkit.start_launcher``); returns (its output file, its log file, the process)."""
     only_file, out, log = tmp_path / f"{name}.only.json", tmp_path / f"{name}.json", tmp_path / f"{name}.log"
     only_file.write_text(json.dumps(only))
-    argv = [str(RUNNER), str(out), str(only_file)]
     with open(log, "w") as f:
-        if testkit._warm(fresh):
-            return out, log, zygote.Run(argv, tmp_path, launcher_env(env), f.fileno())
-        return out, log, subprocess.Popen([sys.executable, *argv], cwd=str(tmp_path), env=launcher_env(env),
-                                          stdout=f, stderr=subprocess.STDOUT)
+        return out, log, start_launcher([str(out), str(only_file)], tmp_path, f, launcher=RUNNER, env=env, fresh=fresh)
 
 
 def _collect(runs):
