@@ -118,10 +118,12 @@ _imported = False
 
 def _import_once():
     """VISSL and what it imports, imported before the first unit test: some libraries run a
-    command the first time they are imported (``ctypes.util.find_library`` runs ``ldconfig``),
-    which is the import's doing, not the test's."""
+    command the first time they are imported (``ctypes.util.find_library`` runs ``ldconfig``;
+    matplotlib's font manager runs ``fc-list`` when it builds its font cache, the first time on
+    a machine), which is the import's doing, not the test's."""
     global _imported
     if not _imported:
+        import matplotlib.font_manager  # noqa: F401
         import vissl  # noqa: F401  (registers the plugin through the .pth hook)
         import vissl.data  # noqa: F401
         import vissl.models  # noqa: F401

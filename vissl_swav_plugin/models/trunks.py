@@ -85,6 +85,26 @@ FEAT_EVAL_MAPPING = {
 }
 
 
+#: A 1x1 convolution with a stride > 1 and fewer input channels than this subsamples its input
+#: and runs at stride 1 inside a channels-last trunk (:class:`_SubsampledShortcutConv`): oneDNN's
+#: CPU kernel for the strided case's weight gradient (``jit_1x1``, NHWC source, stride > 1,
+#: fewer input channels than its channel block of 8 with AVX2 or 16 with AVX-512) writes past its
+#: workspace (oneDNN issue 6035, open; oneDNN 3.12 in torch 2.14.1): on an AVX2 CPU, measured, one
+#: thread corrupted the heap (an abort or a segfault) and two threads returned wrong weight
+#: gradients or spun forever.
+NHWC_SAFE_MIN_CHANNELS = 16
+
+
+class _SubsampledShortcutConv(nn.Conv2d):
+    """A 1x1 ``nn.Conv2d`` (no padding) with a stride, computed as the stride-1 convolution of
+    the subsampled input ``x[..., ::sh, ::sw]``: the same outputs, gradients and state dict,
+    without oneDNN's strided 1x1 path."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sh, sw = self.stride
+        return nn.functional.conv2d(x[..., ::sh, ::sw], self.weight, self.bias, 1, 0, self.dilation, self.groups)
+
+
 class TrunkConfigError(ConfigError):
     """A ``MODEL.TRUNK.RESNET_SMALL_PLUGIN`` value is wrong; the message names the key (a
     :class:`~vissl_swav_plugin.config.checkers.ConfigError`, hence a ``ValueError``)."""
@@ -220,6 +240,7 @@ class ResNetSmallPlugin(nn.Module):
                 return nn.GroupNorm(groups, c)
 
         self._norm = norm
+        self.channels_last = p["CHANNELS_LAST"]
         in_ch = _IN_CHANNELS[self.input_type]
         if p["STEM"] == "small":
             conv1 = nn.Conv2d(in_ch, width, kernel_size=3, stride=1, padding=1, bias=False)
@@ -251,7 +272,6 @@ class ResNetSmallPlugin(nn.Module):
             self.feat_eval_mapping.setdefault(name, name)
         self.out_dim = 8 * width
         self._init_weights(p["ZERO_INIT_RESIDUAL"])
-        self.channels_last = p["CHANNELS_LAST"]
         if self.channels_last:
             # the 4-D conv weights in NHWC; ``Module.to(device)``, DDP's broadcast, the
             # optimizer's state and ``load_state_dict`` keep (or copy into) this format
@@ -266,8 +286,10 @@ class ResNetSmallPlugin(nn.Module):
         ``stride`` and a 1x1 conv + norm shortcut where the shape changes."""
         downsample = None
         if stride != 1 or self._inplanes != planes:
+            unsafe_nhwc = self.channels_last and stride > 1 and self._inplanes < NHWC_SAFE_MIN_CHANNELS
+            conv = _SubsampledShortcutConv if unsafe_nhwc else nn.Conv2d
             downsample = nn.Sequential(
-                nn.Conv2d(self._inplanes, planes, kernel_size=1, stride=stride, bias=False),
+                conv(self._inplanes, planes, kernel_size=1, stride=stride, bias=False),
                 self._norm(planes),
             )
         layers = [BasicBlock(self._inplanes, planes, stride, downsample, norm_layer=self._norm)]

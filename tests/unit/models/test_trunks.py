@@ -127,6 +127,39 @@ def test_channels_last_is_the_same_network(norm):
     torch.testing.assert_close(fwd(x)[0], ref(x)[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16])
+def test_channels_last_gradients_of_narrow_trunks_equal_nchw(width, threads):
+    """A channels-last trunk of any width gives the NCHW trunk's gradients, on one thread and on
+    two, for both stems and image sizes whose stride-2 shortcuts see even and odd sides.
+    (oneDNN's NHWC 1x1 stride-2 weight gradient with fewer input channels than its channel
+    block corrupted the heap on one thread and returned gradients 40-120% off on two, on an AVX2
+    CPU.)  The norms are in eval mode, fixed affine maps: a train-mode BatchNorm over a few
+    nearly constant values amplifies fp32 rounding, which differs between the two layouts."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for stem, sizes in (("small", (14, 28, 32)), ("imagenet", (56, 64))):
+            params = dict(DEPTH=10, WIDTH=width, STEM=stem)
+            torch.manual_seed(0)
+            ref = ResNetSmallPlugin(model_cfg(**params)).eval()
+            cl = ResNetSmallPlugin(model_cfg(CHANNELS_LAST=True, **params)).eval()
+            cl.load_state_dict(ref.state_dict())
+            for size in sizes:
+                x = torch.randn(4, 3, size, size)
+                grads = []
+                for net in (ref, cl):
+                    net.zero_grad(set_to_none=True)
+                    (feat,) = net(x, ["flatten"])
+                    feat.mul(torch.linspace(-1, 1, feat.shape[1])).sum().backward()
+                    grads.append({n: p.grad for n, p in net.named_parameters()})
+                for n, g in grads[0].items():
+                    err = (grads[1][n] - g).abs().max().item()
+                    assert err <= 1e-4 * g.abs().max().item(), f"{stem} stem, {size} px, grad of {n}: off by {err:.3g}"
+    finally:
+        torch.set_num_threads(prev)
+
+
 @pytest.mark.parametrize("amp", sorted(AMP_MODES))
 def test_channels_last_under_autocast(amp):
     """Under the autocast users run (CUDA-like fp16, bf16), the channels-last trunk computes
