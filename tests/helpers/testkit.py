@@ -71,11 +71,18 @@ def python_command(env=None, fresh=False):
 
 
 def launcher_env(env=None):
+    """The environment of a process a test starts: this one's, one torch thread per process
+    unless set, unbuffered output, then ``env``'s variables (a value of None removes one, e.g.
+    ``{"OMP_NUM_THREADS": None}`` for a run that picks its own threads)."""
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.setdefault("MKL_NUM_THREADS", "1")
     full_env["PYTHONUNBUFFERED"] = "1"
-    full_env.update(env or {})
+    for key, value in (env or {}).items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
     return full_env
 
 

@@ -19,7 +19,9 @@ When the config is composed:
   parameters annotated ``bool``) that are not booleans; the plugin's trunk block;
 * ``multicrop_plugin`` transforms: unknown keys and every parameter, as the workers
   would check them ~15 s later;
-* ``DATA.TRAIN.BATCHSIZE_PER_REPLICA`` >= 1.
+* ``DATA.TRAIN.BATCHSIZE_PER_REPLICA`` >= 1;
+* the environment variables read when the dataset is built (``VISSL_SWAV_PLUGIN_BAD_IMAGES``,
+  ``VISSL_SWAV_PLUGIN_EXIF``): one of their values.
 
 When the run is launched:
 
@@ -31,6 +33,7 @@ When the run is launched:
   lists have one length, and a dataset name VISSL looks up in its catalog is registered; a
   directory symlink loop in a ``disk_folder`` is an error, files torchvision's ImageFolder
   skips (other extensions) or reads twice (through a symlink) are warnings;
+* ``VISSL_SWAV_PLUGIN_TRACE_DIR``, when set: a writable folder, or one that can be made;
 * settings that never act: a SwAV queue from ``queue.start_epoch >= num_epochs``,
   ``freeze_prototypes_niters >=`` the run's iterations (warnings).  DeepCluster-v2 /
   SeLa-v2 with more clusters than training samples: an error, registered by those losses
@@ -217,6 +220,43 @@ def check_multicrop_transforms(cfg) -> None:
                 validate_params(**bound.arguments)
             except ConfigError as e:
                 raise type(e)(f"{path}: {e}") from None
+
+
+@register_config_check
+def check_plugin_environment(cfg) -> None:
+    """The plugin's environment variables that the training processes read later, when the
+    dataset is built: ``VISSL_SWAV_PLUGIN_BAD_IMAGES`` and ``VISSL_SWAV_PLUGIN_EXIF`` take one of
+    their values (a :class:`ConfigError` naming the variable and them, when the config is
+    composed, not in every worker)."""
+    from vissl_swav_plugin.compat.data_safety import bad_image_policy, exif_policy
+
+    for read in (bad_image_policy, exif_policy):
+        try:
+            read()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+@register_launch_check
+def check_trace_folder(cfg) -> None:
+    """``VISSL_SWAV_PLUGIN_TRACE_DIR`` (the debug trace, written by every rank of a run of
+    ``swav_plugin_loss``), when set: a folder that exists or can be made, writable (else every
+    rank would fail at its first trace line).  Nothing is created here."""
+    from vissl_swav_plugin.hooks.trace import TRACE_ENV
+
+    folder = os.environ.get(TRACE_ENV)
+    if not folder or cfg.LOSS.name != "swav_plugin_loss" or cfg.get("TEST_ONLY", False):
+        return
+    path = os.path.abspath(folder)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{TRACE_ENV}={folder}: not a folder (a file of that name exists); name a folder, "
+                          "or unset the variable to run without the debug trace")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{TRACE_ENV}={folder}: {existing} is not a writable folder, so the trace "
+                          "cannot be written there; name a writable folder, or unset the variable")
 
 
 @register_config_check

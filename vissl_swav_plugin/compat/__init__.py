@@ -47,6 +47,10 @@ Patches (in the order :func:`names` lists them), by module:
     ``shim_persistent_workers`` -- loader workers live from epoch to epoch (VISSL starts fresh
     ones every epoch; new key ``DATA.PERSISTENT_WORKERS``), the transforms' per-epoch state
     carried to them with the batches' indices.
+:mod:`.cpu_threads`
+    ``shim_cpu_rank_threads`` -- each training process of a CPU run gets
+    ``cores // NUM_PROC_PER_NODE`` torch threads (VISSL leaves every process a thread per
+    core), unless ``OMP_NUM_THREADS`` is set; GPU runs are left as they are.
 :mod:`.signals`
     ``shim_launcher_signals`` -- Ctrl-C / SIGTERM of a launcher exits 130 / 143 after
     stopping every process of the run; no process outlives the launcher.

@@ -64,6 +64,7 @@ PATCH_MODULES = [
     "vissl_swav_plugin.compat.checkpoint_checksums",
     "vissl_swav_plugin.compat.data_safety",
     "vissl_swav_plugin.compat.persistent_workers",
+    "vissl_swav_plugin.compat.cpu_threads",
     "vissl_swav_plugin.compat.signals",
     "vissl_swav_plugin.compat.slurm",
     "vissl_swav_plugin.compat.config_inference",

@@ -25,7 +25,9 @@ process, before any worker starts).
   refused naming ``name``.  A key from a config file gets no such leeway.
 * **Switching it off** (:func:`key_check_settings`): ``config.KEY_CHECKS.OPEN_SECTIONS`` (a
   list of dotted sections, ``all`` for every one), ``config.KEY_CHECKS.ENABLED: false``, or the
-  environment variable ``VISSL_SWAV_PLUGIN_OPEN_SECTIONS`` (comma-separated, ``all``).
+  environment variable ``VISSL_SWAV_PLUGIN_OPEN_SECTIONS`` (comma-separated, ``all``).  A
+  section named there must be one of the composed config or one VISSL or the plugin reads:
+  ``config.NOPE`` is refused, naming the key or the variable and the closest sections.
 * **Ranges** (:func:`check_optimizer_values`): learning rates (every value of
   ``OPTIMIZER.param_schedulers``, the scheduler lists included) finite and >= 0,
   ``weight_decay`` >= 0, ``momentum`` in [0, 1), ``nesterov`` / ``use_larc`` true or
@@ -33,6 +35,8 @@ process, before any worker starts).
   ``OPTIMIZER.name`` a registered optimizer.
 * **AMP dtype** (:func:`check_amp_dtype`): ``MODEL.AMP_PARAMS.AMP_DTYPE`` one of the
   supported names (the workers would reject it ~10 s later).
+* **Persistent loader workers** (:func:`check_persistent_workers`): ``DATA.PERSISTENT_WORKERS``
+  true or false, also in a run without loader workers (which never reads it).
 * **VISSL's ``swav_loss`` with a head it cannot use** (:func:`check_vissl_swav_loss_head`):
   VISSL's inference would stop on a bare ``AssertionError``.
 * **``config=<name>``** (patch ``plugin_config_names``): a name Hydra cannot find is a
@@ -253,12 +257,57 @@ def _section_path(name, where) -> tuple:
     return tuple(name[len("config."):].split(".") if name.startswith("config.") else name.split("."))
 
 
+def _section_in(node, path) -> Optional[bool]:
+    """Whether ``path`` leads to a mapping of ``node`` (a config or a schema tree): True, a
+    value there: False, nothing there: None."""
+    for part in path:
+        if not hasattr(node, "items") or part not in node:
+            return None
+        node = node[part]
+    return hasattr(node, "items")
+
+
+def _sections(node, path=()) -> Iterable[str]:
+    """Every dotted section (mapping) of ``node``, depth first."""
+    if not hasattr(node, "items"):
+        return
+    for key, value in node.items():
+        if hasattr(value, "items"):
+            sub = path + (str(key),)
+            yield ".".join(sub)
+            yield from _sections(value, sub)
+
+
+def _require_section(path, cfg, where, given) -> None:
+    """``path`` (from :func:`_section_path`) names a section of the composed config ``cfg`` or
+    one that VISSL or the plugin reads (:func:`known_schema`, the plugin's registered sections,
+    a parameter scheduler, a registered loss or meter); else a :class:`ConfigError` naming
+    ``where`` and the closest sections."""
+    if not path:
+        return
+    dotted = ".".join(path)
+    found = [_section_in(cfg, path), _section_in(known_schema(), path)]
+    if plugin_config_keys().get(dotted) or (len(path) == 2 and is_open(path[:1], path[1])):
+        found.append(True)
+    if True in found:
+        return
+    if False in found:
+        raise ConfigError(f"{where}: {given!r} names a value, not a section; name the section that holds it "
+                          f"(e.g. {'.'.join(path[:-1]) or 'config'!r}), or 'all' for every section")
+    names = sorted(set(_sections(cfg)) | set(_sections(known_schema())))
+    near = difflib.get_close_matches(dotted, names, n=3, cutoff=0.6)
+    hint = f" (did you mean {', '.join(repr(n) for n in near)}?)" if near else ""
+    raise ConfigError(f"{where}: {given!r} names no section of this config{hint}; allowed: the dotted "
+                      f"sections of the config (e.g. 'OPTIMIZER', 'HOOKS.MY_HOOK'), or 'all' for every section")
+
+
 def key_check_settings(cfg):
     """``(enabled, open sections)`` of the unknown-key check for this config: its
     ``config.KEY_CHECKS`` block (``ENABLED``: true / false; ``OPEN_SECTIONS``: dotted
     sections whose keys are free, ``config`` or ``all`` for every one) and the environment
     variable :data:`OPEN_SECTIONS_ENV` (comma-separated sections, ``all`` for every one).
-    A bad block is a :class:`ConfigError` naming the key."""
+    A bad block, or a section (from either) that is neither in the composed config nor one
+    VISSL or the plugin reads, is a :class:`ConfigError` naming the key or the variable."""
     block = cfg.get(KEY_CHECKS) if hasattr(cfg, "get") else None
     block = {} if block is None else block
     where = f"config.{KEY_CHECKS}"
@@ -271,9 +320,14 @@ def key_check_settings(cfg):
     sections = block.get("OPEN_SECTIONS", [])
     if not isinstance(sections, (list, tuple)):
         raise ConfigError(f"{where}.OPEN_SECTIONS must be a list of dotted sections, got {sections!r}")
-    opened = {_section_path(s, f"{where}.OPEN_SECTIONS") for s in sections}
+    given = [(s, f"{where}.OPEN_SECTIONS") for s in sections]
     env = os.environ.get(OPEN_SECTIONS_ENV, "")
-    opened |= {_section_path(s, OPEN_SECTIONS_ENV) for s in env.split(",") if s.strip()}
+    given += [(s, f"{OPEN_SECTIONS_ENV}={env}") for s in env.split(",") if s.strip()]
+    opened = set()
+    for name, source in given:
+        path = _section_path(name, source)
+        _require_section(path, cfg, source, name.strip())
+        opened.add(path)
     return enabled and () not in opened, frozenset(opened)
 
 
@@ -450,6 +504,18 @@ def check_amp_dtype(cfg) -> None:
             amp_dtype_from_config(amp)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+
+@register_config_check
+def check_persistent_workers(cfg) -> None:
+    """``DATA.PERSISTENT_WORKERS``, when set, is true or false: checked now, not only where
+    loader workers start (a run without workers never reads it)."""
+    from vissl_swav_plugin.compat.persistent_workers import persistent_workers_enabled
+
+    try:
+        persistent_workers_enabled(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 #: VISSL's losses whose inference requires one VISSL head, and the heads it accepts

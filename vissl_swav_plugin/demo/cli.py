@@ -191,6 +191,12 @@ def parse_args(argv=None):
             mode[key] = getattr(args, key)
     if args.procs is not None and args.procs < 1:
         ap.error("--procs must be >= 1")
+    from vissl_swav_plugin.utils.amp_measure import remeasure_requested
+
+    try:  # read only when --amp auto times the step: checked now, before the data and the training
+        remeasure_requested()
+    except ValueError as e:
+        ap.error(str(e))
     for key, value in mode.items():
         if value is None or isinstance(value, (bool, str)):
             continue

@@ -406,7 +406,7 @@ def fp32_head(config):
     return all(bool(dict(p[1]).get("fp32_head", False)) for p in config.MODEL.HEAD.PARAMS if len(p) > 1)
 
 
-def step_timer(config, threads, warmup=2, min_rounds=3, max_rounds=12, budget_s=3.0):
+def step_timer(config, threads, warmup=2, min_rounds=3, max_rounds=12, budget_s=3.0, give_up=None):
     """A timer for :func:`vissl_swav_plugin.utils.amp_measure.measure_or_reuse`: it builds the
     config's model (VISSL's ``build_model``: trunk and head) and loss, random inputs of the
     config's per-process batch and crops, and times one training step (forward of the crops
@@ -414,14 +414,20 @@ def step_timer(config, threads, warmup=2, min_rounds=3, max_rounds=12, budget_s=
     fp32 and under bf16 autocast (as the training's ``MODEL.AMP_PARAMS``: the head stays fp32
     where the config says ``fp32_head``), alternated (:func:`.time_alternating`), on
     ``threads`` torch threads, the training process's.  Returns ``{"fp32": [s, ...],
-    "bf16": [s, ...]}``; the process's threads and random state are left as they were."""
+    "bf16": [s, ...]}``; the process's threads and random state are left as they were.
+
+    The bf16 timing stops as soon as a warm-up step of it takes ``give_up`` times fp32's
+    (default :data:`~vissl_swav_plugin.utils.amp_measure.GIVE_UP`, twice), the step itself
+    at about that moment: every module's forward and every parameter's gradient check the
+    deadline, so on a CPU without bf16 units (a bf16 step ten times fp32's) the choice costs
+    part of one bf16 step (``give_up=float("inf")`` times every round)."""
 
     def timer():
         import torch
         from classy_vision.losses import build_loss
         from vissl.models import build_model
 
-        from vissl_swav_plugin.utils.amp_measure import time_alternating
+        from vissl_swav_plugin.utils.amp_measure import GIVE_UP, StepTooSlow, time_alternating
 
         before = torch.get_num_threads()
         torch.set_num_threads(max(1, int(threads)))
@@ -436,17 +442,34 @@ def step_timer(config, threads, warmup=2, min_rounds=3, max_rounds=12, budget_s=
                 target = torch.zeros(batch, dtype=torch.long)
                 opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, weight_decay=1e-5)
 
-                def step(bf16):
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                        out = model(crops)
-                        loss = loss_fn(out[0] if len(out) == 1 else out, target)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
+                modules = list(model.modules()) + list(loss_fn.modules())
+                params = [p for p in model.parameters() if p.requires_grad]
+
+                def stop_at(deadline):
+                    """Hooks that stop the step at ``deadline``: before every module's forward
+                    and at every parameter's gradient (the backward is most of a bf16 step)."""
+                    def check(*_):
+                        if time.perf_counter() >= deadline:
+                            raise StepTooSlow()
+                    return ([m.register_forward_pre_hook(check) for m in modules]
+                            + [p.register_hook(check) for p in params])
+
+                def step(bf16, deadline=None):
+                    hooks = stop_at(deadline) if deadline is not None else []
+                    try:
+                        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                            out = model(crops)
+                            loss = loss_fn(out[0] if len(out) == 1 else out, target)
+                        opt.zero_grad(set_to_none=True)
+                        loss.backward()
+                    finally:
+                        for h in hooks:
+                            h.remove()
                     opt.step()
 
-                return time_alternating({"fp32": lambda: step(False), "bf16": lambda: step(True)},
+                return time_alternating({"fp32": lambda: step(False), "bf16": lambda **kw: step(True, **kw)},
                                         warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds,
-                                        budget_s=budget_s)
+                                        budget_s=budget_s, give_up=GIVE_UP if give_up is None else give_up)
         finally:
             torch.set_num_threads(before)
 

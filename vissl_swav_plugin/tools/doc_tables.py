@@ -260,6 +260,7 @@ DEMO_ONE_PROCESS = f"{EXP}/demo_one_process_2026-11-26.json"
 DEMO_PROTOCOLS = f"{EXP}/demo_protocols_2026-11-26.json"
 STEP_PROFILE_BF16 = f"{EXP}/step_profile_bf16_2026-11-26.json"
 STEP_CANDIDATES = f"{EXP}/step_candidates_2026-11-26.json"
+CPU_THREADS_AMP = f"{EXP}/cpu_threads_amp_2026-11-27.json"
 GPU_CHECK_H200 = f"{EXP}/gpu/gpu_check_h200_2026-11-26.json"
 DEMO_H100 = f"{EXP}/gpu/demo_h100_2026-11-26.json"
 
@@ -294,6 +295,58 @@ def epoch_pause(_old="") -> str:
     tail = (f"\n\nThe pause between epochs: {r['vissl']['pause_s']:.2f} s with VISSL's loader, "
             f"{r['plugin']['pause_s']:.2f} s with the plugin's ({rec['ratio_pause_vissl_over_plugin']:.1f}x).")
     return top + "\n".join(rows) + tail
+
+
+# --- the threads of a CPU run (docs/launching.md) -------------------------------------------
+def _secs(values) -> str:
+    """``36.7 s, 39.8 s`` (up to 2 values) or ``88.7-138.8 s (4 runs)``."""
+    values = list(values)
+    if len(values) <= 2:
+        return ", ".join(f"{v:.1f} s" for v in values)
+    return f"{min(values):.1f}-{max(values):.1f} s ({len(values)} runs)"
+
+
+@table("cpu_threads", CPU_THREADS_AMP)
+def cpu_threads(_old="") -> str:
+    """The quick CPU run with ``OMP_NUM_THREADS`` unset and set to 1, before and after the
+    plugin's share of the cores."""
+    rec = record(CPU_THREADS_AMP)
+    m, t = rec["machine"], rec["threads"]
+    loads = [r["load"] for r in t["runs"]]
+    lines = [f"Measured on the {m['name']}, {rec['date']}, torch {m['torch'].split('+')[0]}, nothing else running "
+             f"(load average {min(loads):.1f}-{max(loads):.1f} before the runs, mostly the previous run's), "
+             f"alternated runs of `{t['command']}` ({t['processes']} gloo processes, {t['iterations']} iterations):",
+             "", head("code", "`OMP_NUM_THREADS`", "the command, start to end", "iterations 0 to 15")]
+    labels = {"after": "each process its share of the cores (today)",
+              "before": "before: each process a thread per core"}
+    for code in ("after", "before"):
+        for omp in ("unset", "1"):
+            runs = [r for r in t["runs"] if (r["code"], r["omp"]) == (code, omp)]
+            if runs:
+                lines.append(row(labels[code], omp, _secs(r["wall_s"] for r in runs),
+                                 _secs(r["train_s"] for r in runs)))
+    return "\n".join(lines)
+
+
+@table("amp_no_bf16_units", CPU_THREADS_AMP)
+def amp_no_bf16_units(_old="") -> str:
+    """``--amp auto``'s cost on a CPU without bf16 units, before and after its early stop."""
+    rec = record(CPU_THREADS_AMP)
+    lines = [head("code", "fp32 / bf16 per step", "pick", "timing", "`amp_step` in all")]
+    labels = {"before": "every round timed (before)", "after": "stopped at twice fp32's (today)"}
+    for code in ("before", "after"):
+        runs = [r for r in rec["amp_auto"]["runs"] if r["code"] == code]
+        if code == "before":
+            fp32 = [v for r in runs for v in r["fp32_ms"]]
+            bf16 = [v for r in runs for v in r["bf16_ms"]]
+            steps = (f"{min(fp32)}-{max(fp32)} / {min(bf16)}-{max(bf16)} ms, "
+                     f"{len(runs[0]['fp32_ms'])} rounds each")
+        else:
+            steps = "; ".join(f"{r['fp32_ms'][0]} / over {r['bf16_ms'][0]} ms" for r in runs) + " (the first steps)"
+        pick = ", ".join(sorted({"bf16" if r["use_bf16"] else "fp32" for r in runs}))
+        lines.append(row(labels[code], steps, pick, ", ".join(f"{r['timing_s']:.1f} s" for r in runs),
+                         ", ".join(f"{r['amp_step_s']:.1f} s" for r in runs)))
+    return "\n".join(lines)
 
 
 # --- DEVICE_AUGMENT on the CPU (docs/gpu.md) -------------------------------------------------

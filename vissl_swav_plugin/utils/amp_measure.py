@@ -9,6 +9,11 @@ Zen 5 (1.25-1.38x the iterations per second; docs/demo.md).  So the choice is me
 * :func:`time_alternating` runs a few warm-up steps of each variant, then rounds in
   alternated order (A B, B A, A B, ...) until a small time budget is spent, and returns the
   per-step seconds of each; the medians are robust to a neighbour's load that comes and goes.
+  With ``give_up`` it stops as soon as a warm-up step of a variant takes that many times the
+  first variant's (:data:`GIVE_UP`: bf16 twice fp32's), the step itself stopped at that moment
+  where it can (:class:`StepTooSlow`): on a CPU without bf16 units a bf16 step took 10 times
+  fp32's (2-core AMD EPYC without AVX-512, 2026-11-27), and timing whole rounds of it cost
+  20-40 s for a choice that its first step already made.
 * :func:`decide` turns the two medians into an :class:`AmpMeasurement`: bf16 only when it is
   at least :data:`MIN_SPEEDUP` times as fast as fp32.
 * :func:`measure_or_reuse` keys the measurement by the machine and the recipe's shape
@@ -43,6 +48,13 @@ from vissl_swav_plugin.utils.cpu_features import cpu_flags, cpu_model
 #: the same step on a shared 2-core machine differ by a few percent, so a smaller margin
 #: could pick bf16 for a gain that is only noise.
 MIN_SPEEDUP = 1.10
+#: the timing of a variant (bf16) stops once one of its warm-up steps takes this many times
+#: the first variant's (fp32's) step of the same round: it can no longer be picked (it would
+#: need to be :data:`MIN_SPEEDUP` times as fast), and a few more steps of it would only cost
+#: time (seconds each on a CPU without bf16 units).  The first warm-up steps already count:
+#: both variants' first steps carry their one-off costs (fp32's more, as it runs first), and a
+#: bf16 step at twice fp32's is far from the margin.
+GIVE_UP = 2.0
 #: the cache file's folder: this variable when set, else ``$XDG_CACHE_HOME/vissl_swav_plugin``,
 #: else ``~/.cache/vissl_swav_plugin``
 CACHE_DIR_ENV = "VISSL_SWAV_PLUGIN_CACHE_DIR"
@@ -67,6 +79,9 @@ class AmpMeasurement:
         key: what the measurement is valid for (:func:`machine_key`).
         measured_at: when (UTC, ISO 8601).
         loadavg: the 1-minute load average when it started.
+        given_up: the variant whose timing stopped after a warm-up step took :data:`GIVE_UP`
+            times the other's ("bf16"; "" when both were timed in full); its figure is then
+            the time until it was stopped, a lower bound.
         cached: True when this run reused a cached entry instead of measuring.
         cache_file: the cache file ("" when it could not be written).
         note: anything that went wrong with the cache (empty otherwise).
@@ -80,6 +95,7 @@ class AmpMeasurement:
     key: dict = field(default_factory=dict)
     measured_at: str = ""
     loadavg: float = 0.0
+    given_up: str = ""
     cached: bool = False
     cache_file: str = ""
     note: str = ""
@@ -102,6 +118,10 @@ class AmpMeasurement:
             what = bf16_label
             figures = (f"bf16 {self.bf16_ms:.0f} ms vs fp32 {self.fp32_ms:.0f} ms per step, "
                        f"{self.speedup:.2f}x >= {self.min_speedup:.2f}x")
+        elif self.given_up == "bf16":
+            what = "kept fp32"
+            figures = (f"fp32 {self.fp32_ms:.0f} ms vs bf16 over {self.bf16_ms:.0f} ms per step, "
+                       f"bf16 under {self.speedup:.2f}x: its timing stopped there")
         else:
             what = "kept fp32"
             figures = (f"fp32 {self.fp32_ms:.0f} ms vs bf16 {self.bf16_ms:.0f} ms per step, "
@@ -109,7 +129,8 @@ class AmpMeasurement:
         if self.cached:
             where = f"measured {self.measured_at[:16].replace('T', ' ')} UTC, reused from {self.cache_file}"
         else:
-            where = f"measured on this CPU in {self.seconds:.1f} s, {self.rounds} alternated rounds; " + (
+            rounds = "after the first warm-up steps" if self.given_up else f"{self.rounds} alternated rounds"
+            where = f"measured on this CPU in {self.seconds:.1f} s, {rounds}; " + (
                 f"cached in {self.cache_file}" if self.cache_file else "not cached")
         note = f"; {self.note}" if self.note else ""
         return f"{what} ({figures}; {where}{note})"
@@ -122,8 +143,9 @@ class AmpMeasurement:
 
 
 def decide(fp32_s: List[float], bf16_s: List[float], seconds: float = 0.0, key: Optional[dict] = None,
-           min_speedup: float = MIN_SPEEDUP) -> AmpMeasurement:
-    """The :class:`AmpMeasurement` of per-step seconds ``fp32_s`` and ``bf16_s`` (medians).
+           min_speedup: float = MIN_SPEEDUP, given_up: str = "") -> AmpMeasurement:
+    """The :class:`AmpMeasurement` of per-step seconds ``fp32_s`` and ``bf16_s`` (medians);
+    ``given_up``: the variant whose timing stopped early (:func:`time_alternating`).
 
     Example: ``decide([0.2] * 3, [0.1] * 3).use_bf16`` is True (2x), ``decide([0.2] * 3,
     [0.19] * 3).use_bf16`` False (1.05x < 1.10x)."""
@@ -132,21 +154,64 @@ def decide(fp32_s: List[float], bf16_s: List[float], seconds: float = 0.0, key: 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     return AmpMeasurement(fp32_ms=1000 * statistics.median(fp32_s), bf16_ms=1000 * statistics.median(bf16_s),
                           rounds=min(len(fp32_s), len(bf16_s)), seconds=float(seconds), min_speedup=min_speedup,
-                          key=dict(key or {}), loadavg=round(load, 2),
+                          key=dict(key or {}), loadavg=round(load, 2), given_up=str(given_up or ""),
                           measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
-def time_alternating(steps: Dict[str, Callable[[], None]], warmup: int = 2, min_rounds: int = 3,
+class StepTooSlow(Exception):
+    """Raised by a step that stopped itself at the ``deadline`` :func:`time_alternating` gave it."""
+
+
+class Timings(dict):
+    """:func:`time_alternating`'s result: ``{name: [seconds per call, ...]}``.
+
+    Attributes:
+        given_up: the step whose timing stopped after a warm-up call took ``give_up`` times
+            the first step's ("" when every step was timed in full).
+    """
+
+    given_up = ""
+
+
+def time_alternating(steps: Dict[str, Callable[..., None]], warmup: int = 2, min_rounds: int = 3,
                      max_rounds: int = 12, budget_s: float = 3.0,
-                     clock: Callable[[], float] = time.perf_counter) -> Dict[str, List[float]]:
+                     clock: Callable[[], float] = time.perf_counter, give_up: Optional[float] = None) -> Timings:
     """Seconds per call of each of ``steps`` (name -> a function running one step), timed in
     alternation: ``warmup`` untimed calls of each, then rounds in the order A B, B A, A B ...
-    until ``max_rounds`` or, after ``min_rounds``, until ``budget_s`` seconds of rounds."""
+    until ``max_rounds`` or, after ``min_rounds``, until ``budget_s`` seconds of rounds.
+
+    ``give_up`` (a ratio, e.g. :data:`GIVE_UP`): the first of ``steps`` is the baseline; a later
+    step whose warm-up call takes at least ``give_up`` times the baseline's call of the same
+    round ends the timing there, and the result holds that round's calls
+    (:attr:`Timings.given_up` names the step).  Those later steps are called with the keyword
+    argument ``deadline``, the ``clock`` time at which they reach that ratio; a step may stop
+    itself then by raising :class:`StepTooSlow` (its time counts until then).  Without
+    ``give_up`` every step is called without arguments and timed in full.
+
+    Example: with ``give_up=2.0`` and steps of 0.4 s (fp32) and 4 s (bf16, which stops itself
+    at its deadline), the timing ends 1.2 s after it began, with ``{"fp32": [0.4], "bf16":
+    [0.8]}`` and ``given_up == "bf16"``."""
     names = list(steps)
     for _ in range(warmup):
-        for name in names:
-            steps[name]()
-    times: Dict[str, List[float]] = {name: [] for name in names}
+        if give_up is None:
+            for name in names:
+                steps[name]()
+            continue
+        t = clock()
+        steps[names[0]]()
+        base = clock() - t
+        for name in names[1:]:
+            t = clock()
+            try:
+                steps[name](deadline=t + give_up * base)
+            except StepTooSlow:
+                pass
+            took = clock() - t
+            if took >= give_up * base:
+                out = Timings({names[0]: [base], name: [took]})
+                out.given_up = name
+                return out
+    times = Timings({name: [] for name in names})
     start = clock()
     for r in range(max_rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
@@ -210,7 +275,8 @@ def _from_entry(entry: dict, key: dict) -> Optional[AmpMeasurement]:
         m = AmpMeasurement(fp32_ms=float(entry["fp32_ms"]), bf16_ms=float(entry["bf16_ms"]),
                            rounds=int(entry["rounds"]), seconds=float(entry["seconds"]),
                            min_speedup=float(entry.get("min_speedup", MIN_SPEEDUP)), key=entry["key"],
-                           measured_at=str(entry.get("measured_at", "")), loadavg=float(entry.get("loadavg", 0.0)))
+                           measured_at=str(entry.get("measured_at", "")), loadavg=float(entry.get("loadavg", 0.0)),
+                           given_up=str(entry.get("given_up", "") or ""))
     except (KeyError, TypeError, ValueError):
         return None
     if m.key != key or not (m.fp32_ms > 0 and m.bf16_ms > 0):
@@ -234,9 +300,23 @@ def _write_cache(path: Path, entries: dict) -> None:
         raise
 
 
+#: the values of :data:`REMEASURE_ENV` (case ignored; unset or empty: no)
+REMEASURE_YES = ("1", "true", "yes", "on")
+REMEASURE_NO = ("0", "false", "no", "off")
+
+
 def remeasure_requested() -> bool:
-    """Whether :data:`REMEASURE_ENV` asks for a new measurement (``1``, ``true``, ``yes``)."""
-    return os.environ.get(REMEASURE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether :data:`REMEASURE_ENV` asks for a new measurement (``1``, ``true``, ``yes``,
+    ``on``; ``0``, ``false``, ``no``, ``off`` or unset: no).
+
+    Raises:
+        ValueError: any other value, naming the variable and its values (the demo checks it
+            when it starts: :func:`vissl_swav_plugin.demo.cli.parse_args`)."""
+    value = os.environ.get(REMEASURE_ENV, "").strip().lower()
+    if value and value not in REMEASURE_YES + REMEASURE_NO:
+        raise ValueError(f"{REMEASURE_ENV}={os.environ[REMEASURE_ENV]!r}: use one of "
+                         f"{', '.join(REMEASURE_YES + REMEASURE_NO)} (or leave it unset)")
+    return value in REMEASURE_YES
 
 
 def measure_or_reuse(key: dict, timer: Callable[[], Dict[str, List[float]]], path: Optional[Path] = None,
@@ -261,7 +341,8 @@ def measure_or_reuse(key: dict, timer: Callable[[], Dict[str, List[float]]], pat
             return cached
     t0 = time.perf_counter()
     times = timer()
-    m = decide(times["fp32"], times["bf16"], seconds=time.perf_counter() - t0, key=key)
+    m = decide(times["fp32"], times["bf16"], seconds=time.perf_counter() - t0, key=key,
+               given_up=getattr(times, "given_up", ""))
     m.note = problem
     entry = {k: v for k, v in asdict(m).items() if k not in ("cached", "cache_file", "note")}
     try:

@@ -271,5 +271,6 @@ def test_the_slotted_patches_stay_innermost():
             assert compat.patched_by(before) is None, f"{name} wraps {compat.patched_by(before)} at {attr}"
     outer = compat.raw(dl, "launch_distributed")
     assert compat.patched_by(outer) == "shim_launcher_signals"
-    assert compat.patched_by(compat.original("shim_launcher_signals", dl, "launch_distributed")) == "shim_knn_tool_on_cpu"
+    assert compat.patched_by(compat.original("shim_launcher_signals", dl, "launch_distributed")) == "shim_cpu_rank_threads"
+    assert compat.patched_by(compat.original("shim_cpu_rank_threads", dl, "launch_distributed")) == "shim_knn_tool_on_cpu"
     assert compat.patched_by(compat.original("shim_knn_tool_on_cpu", dl, "launch_distributed")) == "plugin_launch_checks"

@@ -213,6 +213,57 @@ def test_the_environment_variable_opens_sections(monkeypatch, value, opened, clo
             compose([QUICK, closed])
 
 
+@pytest.mark.parametrize("opened", ["config.NOPE", "OPTIMIZR", "HOOKS.NOPE", "OPTIMIZER.name"])
+def test_a_section_that_names_nothing_is_refused_from_the_config_and_the_environment(monkeypatch, opened):
+    """A section the config does not have and nothing reads opens nothing: a typo (or a value's
+    key, which is no section) is refused at composition naming where it came from, whether
+    ``config.KEY_CHECKS.OPEN_SECTIONS`` or ``VISSL_SWAV_PLUGIN_OPEN_SECTIONS`` names it."""
+    from vissl_swav_plugin.config.checkers import ConfigError
+    from vissl_swav_plugin.config.vissl_schema import OPEN_SECTIONS_ENV
+
+    what = "names a value, not a section" if opened == "OPTIMIZER.name" else "names no section of this config"
+    with pytest.raises(ConfigError, match=rf"^config\.KEY_CHECKS\.OPEN_SECTIONS: '{re.escape(opened)}' {what}"):
+        compose([QUICK, f"+config.KEY_CHECKS.OPEN_SECTIONS=[{opened}]"])
+    monkeypatch.setenv(OPEN_SECTIONS_ENV, f"OPTIMIZER,{opened}")
+    with pytest.raises(ConfigError, match=rf"^{OPEN_SECTIONS_ENV}=OPTIMIZER,{re.escape(opened)}: '{re.escape(opened)}' {what}"):
+        compose([QUICK])
+
+
+def test_a_refused_section_names_the_closest_ones():
+    from vissl_swav_plugin.config.checkers import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'OPTIMIZR' names no section of this config \(did you mean 'OPTIMIZER'\?\)"):
+        compose([QUICK, "+config.KEY_CHECKS.OPEN_SECTIONS=[OPTIMIZR]"])
+
+
+@pytest.mark.parametrize("opened", [
+    "MODEL.TRUNK.REGNET",              # VISSL's defaults.yaml has it (empty: any key), this config leaves it so
+    "HOOKS.PROGRESS",                  # a section of the plugin's, which its own table checks
+    "LOSS.swav_loss",                  # a registered loss's block
+    "OPTIMIZER.param_schedulers.lr",   # a scheduler of this config
+    "config", "all",
+])
+def test_every_section_vissl_or_the_plugin_reads_can_be_opened(monkeypatch, opened):
+    from vissl_swav_plugin.config.vissl_schema import OPEN_SECTIONS_ENV
+
+    compose([QUICK, f"+config.KEY_CHECKS.OPEN_SECTIONS=[{opened}]"])
+    monkeypatch.setenv(OPEN_SECTIONS_ENV, opened)
+    compose([QUICK])
+
+
+def test_a_users_own_section_can_be_opened_where_the_config_has_it(tmp_path, monkeypatch):
+    """A section of the user's (in a config file, or added with ``+``) is the config's own: it
+    can be opened, from the file or the environment."""
+    from vissl_swav_plugin.config.vissl_schema import OPEN_SECTIONS_ENV
+
+    monkeypatch.chdir(tmp_path)
+    write_user_config(tmp_path, "mine", "  HOOKS:\n    MY_HOOK:\n      every: 3\n")
+    cfg = compose(["config=mine", "+config.KEY_CHECKS.OPEN_SECTIONS=[HOOKS, HOOKS.MY_HOOK]"])
+    assert cfg.HOOKS.MY_HOOK.every == 3
+    monkeypatch.setenv(OPEN_SECTIONS_ENV, "HOOKS,HOOKS.MY_HOOK")
+    assert compose(["config=mine"]).HOOKS.MY_HOOK.every == 3
+
+
 @pytest.mark.parametrize("override,match", [
     ("+config.KEY_CHECKS.ENABLED=flase", r"config\.KEY_CHECKS\.ENABLED must be true or false, got 'flase'"),
     ("+config.KEY_CHECKS.OPEN_SECTION=[OPTIMIZER]", r"config\.KEY_CHECKS\.OPEN_SECTION: unknown key .*'OPEN_SECTIONS'"),

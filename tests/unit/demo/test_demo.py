@@ -352,10 +352,49 @@ def test_the_real_step_timing_runs_at_a_tiny_size():
     config = step_config(mode, 2, 0)
     shape = step_shape(config, 1)
     assert (shape["batch"], shape["crops"], shape["threads"]) == (4, "2x28+4x16", 1) and fp32_head(config)
-    times = step_timer(config, 1, warmup=1, min_rounds=2, max_rounds=2, budget_s=0.0)()
-    assert len(times["fp32"]) == len(times["bf16"]) == 2
+    times = step_timer(config, 1, warmup=1, min_rounds=2, max_rounds=2, budget_s=0.0, give_up=float("inf"))()
+    assert len(times["fp32"]) == len(times["bf16"]) == 2 and times.given_up == ""
     m = decide(times["fp32"], times["bf16"])
     assert m.fp32_ms > 0 and m.bf16_ms > 0 and m.use_bf16 in (True, False)
+
+
+def test_the_real_bf16_step_stops_itself_at_its_deadline(monkeypatch):
+    """With a deadline already passed (``give_up`` near 0), the demo's bf16 step raises
+    ``StepTooSlow`` from inside its forward instead of running to its end, and the timing ends
+    there; the fp32 step, never given a deadline, ran whole."""
+    from vissl_swav_plugin.demo import cli
+    from vissl_swav_plugin.demo.training import step_config, step_timer
+    from vissl_swav_plugin.utils import amp_measure
+
+    seen = []
+    real = amp_measure.time_alternating
+
+    def spy(steps, **kw):
+        def bf16(**deadline):
+            try:
+                steps["bf16"](**deadline)
+            except amp_measure.StepTooSlow:
+                seen.append("stopped")
+                raise
+            seen.append("ran to its end")
+        return real({"fp32": steps["fp32"], "bf16": bf16}, **kw)
+
+    monkeypatch.setattr(amp_measure, "time_alternating", spy)
+    args, mode = cli.parse_args(["--quick", "--batch", "4"])
+    times = step_timer(step_config(mode, 2, 0), 1, warmup=2, give_up=1e-12)()
+    assert seen == ["stopped"] and times.given_up == "bf16"
+    assert len(times["fp32"]) == len(times["bf16"]) == 1
+
+
+@pytest.mark.parametrize("value", ["2", "maybe"])
+def test_a_bad_remeasure_variable_stops_the_demo_at_its_start(monkeypatch, capsys, value):
+    from vissl_swav_plugin.demo import cli
+
+    monkeypatch.setenv("VISSL_SWAV_PLUGIN_AMP_REMEASURE", value)
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_args(["--quick"])
+    assert stop.value.code == 2
+    assert f"VISSL_SWAV_PLUGIN_AMP_REMEASURE='{value}': use one of 1, true, yes, on, 0, false, no, off" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("procs, given, want", [(None, None, 64), (1, None, 128), (2, None, 64), (4, None, 32),

@@ -192,3 +192,88 @@ def test_time_alternating_alternates_and_stops_on_its_budget():
     fixed = amp_measure.time_alternating({"a": step("a", 0.0), "b": step("b", 0.0)}, warmup=0,
                                          min_rounds=2, max_rounds=5, budget_s=1.0, clock=clock)
     assert len(fixed["a"]) == 5  # budget never spent: max_rounds
+
+
+class FakeSteps:
+    """Steps on a fake clock: ``fp32`` costs ``fp32_s``; ``bf16`` costs ``bf16_s`` and, given a
+    deadline, stops itself there (``StepTooSlow``) unless ``obeys`` is False."""
+
+    def __init__(self, fp32_s, bf16_s, obeys=True):
+        self.now, self.calls, self.fp32_s, self.bf16_s, self.obeys = 0.0, [], fp32_s, bf16_s, obeys
+
+    def clock(self):
+        return self.now
+
+    def fp32(self):
+        self.calls.append("fp32")
+        self.now += self.fp32_s
+
+    def bf16(self, deadline=None):
+        self.calls.append("bf16")
+        if deadline is not None and self.obeys and self.now + self.bf16_s > deadline:
+            self.now = deadline
+            raise amp_measure.StepTooSlow()
+        self.now += self.bf16_s
+
+    def time(self, **kw):
+        return amp_measure.time_alternating({"fp32": self.fp32, "bf16": self.bf16}, clock=self.clock, **kw)
+
+
+def test_a_bf16_step_twice_fp32_s_ends_the_timing_at_its_deadline():
+    """On a CPU without bf16 units (a bf16 step 10x fp32's): one fp32 step, then the bf16 step
+    stopped at twice fp32's time; nothing more is run."""
+    steps = FakeSteps(0.4, 4.0)
+    times = steps.time(warmup=2, min_rounds=3, max_rounds=12, budget_s=3.0, give_up=amp_measure.GIVE_UP)
+    assert amp_measure.GIVE_UP == 2.0
+    assert steps.calls == ["fp32", "bf16"] and steps.now == pytest.approx(0.4 + 0.8)
+    assert times == {"fp32": [pytest.approx(0.4)], "bf16": [pytest.approx(0.8)]} and times.given_up == "bf16"
+
+
+def test_a_step_that_cannot_stop_itself_is_given_up_after_it():
+    steps = FakeSteps(0.4, 1.0, obeys=False)
+    times = steps.time(warmup=2, give_up=2.0)
+    assert steps.calls == ["fp32", "bf16"] and times.given_up == "bf16" and times["bf16"] == [pytest.approx(1.0)]
+
+
+@pytest.mark.parametrize("bf16_s", [0.79, 0.2])
+def test_bf16_under_twice_fp32_s_or_faster_is_timed_in_full(bf16_s):
+    """Only a clearly slower bf16 is given up: 1.98x fp32's, or faster (AMX), gets every round."""
+    steps = FakeSteps(0.4, bf16_s)
+    full = FakeSteps(0.4, bf16_s)
+    times = steps.time(warmup=2, min_rounds=3, max_rounds=5, budget_s=100.0, give_up=2.0)
+    reference = full.time(warmup=2, min_rounds=3, max_rounds=5, budget_s=100.0)
+    assert times.given_up == "" and steps.calls == full.calls and len(times["bf16"]) == 5
+    assert times == reference
+
+
+def test_a_given_up_measurement_keeps_fp32_says_so_and_is_cached(cache):
+    def timer():
+        out = amp_measure.Timings(fp32=[0.4], bf16=[0.8])
+        out.given_up = "bf16"
+        return out
+
+    key = machine_key(SHAPE)
+    m = measure_or_reuse(key, timer, path=cache)
+    assert not m.use_bf16 and m.given_up == "bf16" and m.rounds == 1
+    line = m.describe()
+    assert line.startswith("kept fp32 (fp32 400 ms vs bf16 over 800 ms per step, bf16 under 0.50x: its timing "
+                           "stopped there; measured on this CPU in ")
+    assert "after the first warm-up steps; cached in" in line
+    again = measure_or_reuse(key, FakeTimer(0.2, 0.1), path=cache)
+    assert again.cached and again.given_up == "bf16" and not again.use_bf16
+    assert again.record()["given_up"] == "bf16"
+
+
+@pytest.mark.parametrize("value,asked", [("", False), ("0", False), ("off", False), ("No", False), ("1", True),
+                                         ("TRUE", True), (" yes ", True), ("on", True)])
+def test_the_remeasure_variable_s_values(monkeypatch, value, asked):
+    monkeypatch.setenv(amp_measure.REMEASURE_ENV, value)
+    assert amp_measure.remeasure_requested() is asked
+
+
+@pytest.mark.parametrize("value", ["2", "y", "please"])
+def test_any_other_remeasure_value_is_refused_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv(amp_measure.REMEASURE_ENV, value)
+    with pytest.raises(ValueError, match=rf"VISSL_SWAV_PLUGIN_AMP_REMEASURE='{value}': use one of 1, true, yes, on, "
+                                         r"0, false, no, off \(or leave it unset\)"):
+        amp_measure.remeasure_requested()
