@@ -27,24 +27,42 @@ measured by ``tests/unit/transforms/test_device_augment.py``):
   (the only case that can leave [0, 255]) the result is rounded and clipped, as the workers
   materialise their composed map there.  Differences: the contrast mean is exact here (the
   workers estimate it from a box-reduced copy), and float32 rounding: at most 1 level.
-* hue: PIL's 8-bit HSV round trip reproduced (hue and saturation truncated to 8 bits, the
-  hue shifted modulo 256, PIL's rounding back to RGB), in float64; equal to PIL's.
+* hue: PIL's 8-bit HSV round trip (hue and saturation truncated to 8 bits, the hue shifted
+  modulo 256, PIL's rounding back to RGB) in float32 integer arithmetic, every value an
+  integer below 2^24 (:func:`_hue_`): PIL's saturation and its way back to RGB are exact
+  rational roundings (checked on all 2^24 inputs), its 8-bit hue is ``floor(255 hue)`` except
+  where ``255 hue`` is an integer and Pillow's float steps land one level lower (64 of the 255
+  hues, measured once with the installed Pillow); equal to PIL's on all 2^24 colours.
 * grayscale: ITU-R 601-2 luma, rounded: at most 1 level (PIL uses 16-bit fixed-point weights).
 * blur: the workers' rule (:func:`~vissl_swav_plugin.transforms.multicrop_ops.gaussian_blur`):
   no blur for radius 0 or sigma <= 0.25; the truncated renormalised kernel for radius <= 2
   and 3 sigma > radius (PIL leaves the outer ``radius`` rows and columns unfiltered, as
-  here); else PIL's Gaussian blur, which is three passes of an extended box blur per axis,
-  each rounded to 8 bits, reproduced here with PIL's fixed-point weights: equal, at most 1
-  level where float and fixed point round differently.
+  here), separable in float32: at most 1 level at rounding ties (PIL sums in float32 too);
+  else PIL's Gaussian blur, three passes of an extended box blur per axis, each rounded to 8
+  bits: its fixed-point weights (from a box radius and a division PIL computes in C float,
+  as here) and each pass's ``(acc + 2^23) >> 24`` reproduced exactly in float32 by splitting
+  the weights so that every partial sum is an integer below 2^24 (:func:`_box_blur_`): equal.
 * the output is rounded to whole levels before the normalisation, as the workers' uint8 crops are.
+
+Dtypes: every op on the crops' device is float32 (float64 runs at 1/32-1/64 of that rate on
+most GPUs that are not datacenter parts, and a CPU does it at half the rate), and autocast is
+off inside (a caller's autocast region changes nothing).  The parameter rows are read on the
+host once, as Python numbers; the small tables (per-crop weights, the hue table) are built on
+the host from them and go to the device as float32.  The ops are elementwise (no convolution
+or matmul, which TF32 could round).  On a CPU the colour ops run on groups of crops that share
+the step of their hue and the blur on batches of crops, each of about ``_CPU_CHUNK`` values,
+so that the temporaries stay in the caches.
 
 Parameter layout per crop (float64, one row per crop): ``jitter`` (0/1), the factors
 ``b, c, s, h``, the op order (4 entries, a permutation of 0..3: brightness, contrast,
 saturation, hue), ``gray`` (0/1), ``blur`` (0/1), ``sigma``, ``radius`` (the blur kernel's
 half-width, ``int(blur_kernel_frac * size) // 2``).
 """
+import array
+import contextlib
 import math
-from typing import List, Optional, Sequence
+import struct
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -60,7 +78,7 @@ __all__ = [
 #: the config key (dotted, without ``config.``)
 KEY = "DATA.TRAIN.DEVICE_AUGMENT"
 OFF, NORMALIZE, PHOTOMETRIC = "off", "normalize", "photometric"
-MODES = DEVICE_AUGMENT_MODES  # (OFF, NORMALIZE, PHOTOMETRIC)
+MODES = DEVICE_AUGMENT_MODES  # off, normalize, photometric, decode (device_decode)
 
 P_JITTER = 0
 P_FACTORS = slice(1, 5)
@@ -72,6 +90,16 @@ P_RADIUS = 12
 NUM_PARAMS = 13
 
 _WR, _WG, _WB = 0.299, 0.587, 0.114
+
+#: on the CPU, :func:`apply_photometric` runs the colour ops on groups of crops that share the
+#: step of their hue, and the blur on batches of crops, of about this many values each, so that
+#: the temporaries stay in the caches (several times faster per op than on a whole batch of
+#: 224 px crops); on other devices the whole batch is one sequence of launches
+_CPU_CHUNK = 1 << 19
+_CPU_BLUR_CHUNK = 1 << 19
+#: on the CPU, a set of crops made of at most this many runs of consecutive crops is processed
+#: run by run (views) instead of gathered
+_MAX_RUNS = 2
 
 
 def pack_params(jitter, factors, order, gray, blur, sigma, radius) -> torch.Tensor:
@@ -88,90 +116,368 @@ def pack_params(jitter, factors, order, gray, blur, sigma, radius) -> torch.Tens
     return out
 
 
-# -- the ops: x is float [n, 3, H, W] in 0..255 levels, factors one per crop ----------------
-def _col(f: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return f.to(dtype=x.dtype, device=x.device).view(-1, 1, 1, 1)
+# -- host-side helpers: parameters are read on the host once, as Python numbers ------------
+def _host(v) -> list:
+    """Per-crop values (a tensor on any device, or a sequence) as a flat list of Python numbers
+    (copied to the host in their own dtype: no float64 tensor on the device)."""
+    if torch.is_tensor(v):
+        return v.detach().cpu().reshape(-1).tolist()
+    return [float(a) for a in v]
 
 
+def _col(values, x: torch.Tensor) -> torch.Tensor:
+    """Per-crop numbers as a float32 ``[n, 1, 1, 1]`` column on ``x``'s device (built on the host)."""
+    vals = _host(values) if torch.is_tensor(values) else values
+    col = torch.frombuffer(array.array("f", vals), dtype=torch.float32).view(-1, 1, 1, 1)
+    return col.to(x.device, non_blocking=True) if x.device.type != "cpu" else col
+
+
+def _runs(idx: Sequence[int]) -> List[tuple]:
+    """``idx`` (ascending) as maximal runs of consecutive crops: ``[(start, stop)]`` positions in ``idx``."""
+    out, i0 = [], 0
+    for i in range(1, len(idx) + 1):
+        if i == len(idx) or idx[i] != idx[i - 1] + 1:
+            out.append((i0, i))
+            i0 = i
+    return out
+
+
+def _index(idx: Sequence[int], device) -> torch.Tensor:
+    return torch.tensor(list(idx), dtype=torch.long).to(device, non_blocking=True)
+
+
+def _per_crop(y: torch.Tensor) -> bool:
+    """Gathers and scatters of large crops on the CPU go one copy per crop (``index_copy_`` is
+    about half as fast there); small crops, or another device, one indexed op."""
+    return y.device.type == "cpu" and y[0].numel() >= 1 << 16
+
+
+def _gather(dst: Optional[torch.Tensor], y: torch.Tensor, idx: Sequence[int]) -> torch.Tensor:
+    """``y[idx]`` (``idx`` a host list) into ``dst`` (a new tensor when None; any dtype of ``y``
+    converted): one copy per large crop on the CPU (:func:`_per_crop`), else an index gather."""
+    if dst is None:
+        dst = torch.empty((len(idx),) + tuple(y.shape[1:]), dtype=torch.float32, device=y.device)
+    if _per_crop(y):
+        for j, k in enumerate(idx):
+            dst[j].copy_(y[k])
+    else:
+        dst.copy_(y.index_select(0, _index(idx, y.device)))
+    return dst
+
+
+def _scatter(y: torch.Tensor, idx: Sequence[int], src: torch.Tensor) -> None:
+    """``y[idx] = src``: one copy per large crop on the CPU (:func:`_per_crop`), else an index
+    scatter."""
+    if _per_crop(y):
+        for j, k in enumerate(idx):
+            y[k].copy_(src[j])
+    else:
+        y.index_copy_(0, _index(idx, y.device), src)
+
+
+def _run_on(y: torch.Tensor, idx: Sequence[int], fn: Callable, items: Optional[Sequence] = None, *shared) -> None:
+    """``fn(z, items, *shared)`` on the crops ``idx`` (host list, ascending) of ``y``, in place
+    (``items``: one entry per crop of ``idx``, split alike): a run of consecutive crops is a
+    view (on the CPU up to ``_MAX_RUNS`` runs each on its own); other sets are gathered and
+    written back."""
+    if not idx:
+        return
+    runs = _runs(idx)
+    if len(runs) == 1 or (len(runs) <= _MAX_RUNS and y.device.type == "cpu"):
+        for i0, i1 in runs:
+            fn(y[idx[i0]:idx[i1 - 1] + 1], None if items is None else items[i0:i1], *shared)
+        return
+    z = _gather(None, y, idx)
+    fn(z, items, *shared)
+    _scatter(y, idx, z)
+
+
+@contextlib.contextmanager
+def _autocast_off(device_type: str):
+    """Autocast disabled for ``device_type`` (the ops here are all float32; a caller's autocast
+    region must not reach them)."""
+    try:
+        ctx = torch.autocast(device_type=device_type, enabled=False)
+    except (RuntimeError, ValueError):  # pragma: no cover - a device type without autocast
+        ctx = contextlib.nullcontext()
+    with ctx:
+        yield
+
+
+_CONSTS = {}
+
+
+def _k(v: float, ref: torch.Tensor) -> torch.Tensor:
+    """The float32 constant ``v`` as a one-element tensor on ``ref``'s device (cached): an op with
+    a tensor operand skips the wrapping of a Python number into a tensor (about 3 us a call on
+    a CPU, which adds up over the few thousand small ops of a batch)."""
+    key = (v, ref.device)
+    t = _CONSTS.get(key)
+    if t is None:
+        with torch.inference_mode(False):  # a normal tensor even when first made under inference mode
+            t = _CONSTS[key] = torch.full((1,), v, dtype=torch.float32, device=ref.device)
+    return t
+
+
+def _cols(rows: Sequence[Sequence[float]], x: torch.Tensor) -> torch.Tensor:
+    """Several per-crop columns at once: ``[len(rows), n, 1, 1, 1]`` float32 on ``x``'s device."""
+    flat = array.array("f", [v for row in rows for v in row])
+    out = torch.frombuffer(flat, dtype=torch.float32).view(len(rows), -1, 1, 1, 1)
+    return out.to(x.device, non_blocking=True) if x.device.type != "cpu" else out
+
+
+# -- the ops: x is float32 [n, 3, H, W] in 0..255 levels, factors one per crop ---------------
 def _luma(x: torch.Tensor) -> torch.Tensor:
-    return x[:, 0:1] * _WR + x[:, 1:2] * _WG + x[:, 2:3] * _WB
+    return x[:, 0:1] * _k(_WR, x) + x[:, 1:2] * _k(_WG, x) + x[:, 2:3] * _k(_WB, x)
 
 
 def _round_clip(x: torch.Tensor) -> torch.Tensor:
     """PIL's rounding of a float result to 8 bits: ``floor(v + 0.5)`` clipped to [0, 255]."""
-    return torch.floor(x + 0.5).clamp_(0.0, 255.0)
+    return torch.floor(x + _k(0.5, x)).clamp_(0.0, 255.0)
 
 
-def _clip_where(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """Rounded and clipped where the factor is > 1 (the workers materialise their map there),
-    else only clipped (a factor <= 1 keeps [0, 255], up to float rounding)."""
-    big = _col(f, x) > 1.0
-    return torch.where(big, _round_clip(x), x.clamp(0.0, 255.0))
+def _round_clip_(x: torch.Tensor, _items=None) -> torch.Tensor:
+    return x.add_(_k(0.5, x)).floor_().clamp_(0.0, 255.0)
+
+
+def _round_where_(z: torch.Tensor, big: Sequence[bool]) -> None:
+    """Clipped to [0, 255] and rounded to levels in place where ``big`` (per crop).
+
+    The workers materialise their composed map (rounded, clipped) after an op whose factor is
+    > 1, the only case that can leave [0, 255], and keep composing otherwise: so does the
+    device.  After an op with a factor <= 1 the values stay in [0, 255] up to float rounding
+    (a few 1e-5 above 255 at most), which the next clip or the final rounding removes, so they
+    are left unclipped.  Rounding is ``floor(v + 0.5)``, on the runs of rounded crops (views),
+    or for a scattered mix off the CPU a lerp with weight 0 or 1 (exact)."""
+    if all(big):
+        z.add_(_k(0.5, z)).floor_().clamp_(0.0, 255.0)
+    elif any(big):
+        on = [j for j, b in enumerate(big) if b]
+        runs = _runs(on)
+        if z.device.type == "cpu" or len(runs) <= _MAX_RUNS:  # the rounded crops' runs, as views
+            for i0, i1 in runs:
+                z[on[i0]:on[i1 - 1] + 1].add_(_k(0.5, z)).floor_().clamp_(0.0, 255.0)
+        else:
+            z.clamp_(0.0, 255.0)
+            z.lerp_(torch.floor(z + _k(0.5, z)), _col([float(v) for v in big], z))
+
+
+def _brightness_(z: torch.Tensor, fs: Sequence[float]) -> None:
+    z.mul_(_col(fs, z))
+    _round_where_(z, [f > 1.0 for f in fs])
+
+
+def _contrast_(z: torch.Tensor, fs: Sequence[float]) -> None:
+    cols = _cols([fs, [1.0 - f for f in fs]], z)
+    # the mean luma (the luma of the channel means), rounded to a level as PIL's
+    lum = z.sum(dim=(2, 3), keepdim=True).mul_(_lum_weights(z)).sum(dim=1, keepdim=True)
+    z.mul_(cols[0]).add_(lum.add_(_k(0.5, z)).floor_().mul_(cols[1]))  # c x + (1 - c) m
+    _round_where_(z, [f > 1.0 for f in fs])
+
+
+def _lum_weights(z: torch.Tensor) -> torch.Tensor:
+    """``[1, 3, 1, 1]``: the luma weights over the pixel count of ``z``'s crops (cached)."""
+    key = ("luma", z.shape[2] * z.shape[3], z.device)
+    t = _CONSTS.get(key)
+    if t is None:
+        w = [v / (z.shape[2] * z.shape[3]) for v in (_WR, _WG, _WB)]
+        with torch.inference_mode(False):
+            t = _CONSTS[key] = torch.tensor(w, dtype=torch.float32).view(1, 3, 1, 1).to(z.device)
+    return t
+
+
+def _saturation_(z: torch.Tensor, fs: Sequence[float]) -> None:
+    cols = _cols([fs] + [[(1.0 - f) * w for f in fs] for w in (_WR, _WG, _WB)], z)
+    gray = z[:, 0:1] * cols[1]  # (1 - s) luma, one fused weight per channel
+    gray.addcmul_(z[:, 1:2], cols[2])
+    gray.addcmul_(z[:, 2:3], cols[3])
+    z.mul_(cols[0]).add_(gray)
+    _round_where_(z, [f > 1.0 for f in fs])
+
+
+def _affine_(z: torch.Tensor, items: Sequence[tuple]) -> None:
+    """Brightness, contrast or saturation of each crop of ``z`` in place, its own ``(op,
+    factor)`` (op 0, 1, 2; None: the crop is left as it is), in one pass over the crops:
+    ``z -> f z + t`` with ``t = 0``, ``(1 - c) m`` or ``(1 - s) luma(z)`` per crop, so that the
+    arithmetic of each crop is that of its own op (a crop's terms of the other ops are exact
+    zeros).  One op for all crops takes its own, cheaper form."""
+    ops = {op for op, _ in items}
+    if len(ops) == 1 and None not in ops:
+        _AFFINE[items[0][0]](z, [f for _, f in items])
+        return
+    fs = [1.0 if op is None else f for op, f in items]
+    rows = [fs]
+    if 2 in ops:
+        rows += [[(1.0 - f) * w if op == 2 else 0.0 for op, f in items] for w in (_WR, _WG, _WB)]
+    if 1 in ops:
+        rows.append([1.0 - f if op == 1 else 0.0 for op, f in items])
+    cols = _cols(rows, z)
+    t = None
+    if 2 in ops:
+        t = z[:, 0:1] * cols[1]
+        t.addcmul_(z[:, 1:2], cols[2])
+        t.addcmul_(z[:, 2:3], cols[3])
+    if 1 in ops:
+        lum = z.sum(dim=(2, 3), keepdim=True).mul_(_lum_weights(z)).sum(dim=1, keepdim=True)
+        off = lum.add_(_k(0.5, z)).floor_().mul_(cols[-1])
+        t = off if t is None else t.add_(off)
+    z.mul_(cols[0])
+    if t is not None:
+        z.add_(t)
+    _round_where_(z, [op is not None and f > 1.0 for op, f in items])
 
 
 def adjust_brightness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """``x -> b x`` per crop."""
-    return _clip_where(x * _col(f, x), f)
+    y = x.to(torch.float32, copy=True)
+    with _autocast_off(y.device.type):
+        _brightness_(y, _host(f))
+    return y
 
 
 def adjust_contrast(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """``x -> c x + (1 - c) m`` per crop, ``m`` the mean luma of the crop rounded to a level (as PIL's)."""
-    c = _col(f, x)
-    m = torch.floor(_luma(x).mean(dim=(1, 2, 3), keepdim=True) + 0.5)
-    return _clip_where(c * x + (1.0 - c) * m, f)
+    y = x.to(torch.float32, copy=True)
+    with _autocast_off(y.device.type):
+        _contrast_(y, _host(f))
+    return y
 
 
 def adjust_saturation(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """``x -> s x + (1 - s) luma(x)`` per crop."""
-    s = _col(f, x)
-    return _clip_where(s * x + (1.0 - s) * _luma(x), f)
+    y = x.to(torch.float32, copy=True)
+    with _autocast_off(y.device.type):
+        _saturation_(y, _host(f))
+    return y
 
 
-def hue_shift(h: torch.Tensor) -> torch.Tensor:
-    """The 8-bit hue shift of hue factors ``h`` (torchvision's / the workers' ``int(h * 255) & 255``)."""
-    return torch.remainder(torch.trunc(h.double() * 255.0), 256.0)
+# -- hue: PIL's 8-bit HSV round trip in float32 integer arithmetic ------------------------------
+_HUE_TABLES = {}  # device -> [3, 256 * 1024] float32
+_HUE_TIES: List[Optional[List[int]]] = [None]
+
+
+def _hue_shifts(h) -> List[int]:
+    """The 8-bit hue shifts of hue factors ``h`` (torchvision's / the workers' ``int(h * 255) & 255``)."""
+    return [int(v * 255) & 255 for v in _host(h)]
+
+
+def _pil_hue_ties() -> List[int]:
+    """``bad[k]``: 1 where Pillow's ``rgb2hsv`` gives ``k - 1`` for a hue of exactly ``k / 255``
+    (its float steps land just below the integer), else 0.  Those steps depend on the hue's
+    ratio only (``maxc - x`` over ``maxc - minc``, each divided once), so one colour per ``k``
+    (value 255, chroma 255) measures it, with the Pillow the workers use (64 of the 255 hues
+    with Pillow 13)."""
+    if _HUE_TIES[0] is None:
+        from PIL import Image
+
+        reps = []
+        for k in range(255):
+            m = 6 * k  # the hue's numerator over 6 * 255 (chroma 255)
+            reps.append((255, m, 0) if m <= 255 else (510 - m, 255, 0) if m <= 510 else
+                        (0, 255, m - 510) if m <= 765 else (0, 1020 - m, 255) if m <= 1020 else
+                        (m - 1020, 0, 255) if m <= 1275 else (255, 0, 1530 - m))
+        im = Image.new("RGB", (len(reps), 1))
+        im.putdata(reps)
+        bad = [k - p[0] for k, p in enumerate(im.convert("HSV").getdata())] + [0]
+        if any(b not in (0, 1) for b in bad):  # pragma: no cover - a Pillow with other hue arithmetic
+            raise RuntimeError(f"{KEY}={PHOTOMETRIC}: Pillow's 8-bit hue is not the one this module reproduces")
+        _HUE_TIES[0] = bad
+    return _HUE_TIES[0]
+
+
+def _hue_table(device) -> torch.Tensor:
+    """``[3, 256 * 1024]`` float32: at ``1024 shift + u`` the weight ``w`` of each output channel
+    (``round(v (1 - S w / 65025))``, see :func:`_hue_`) for the 8-bit hue coded by
+    ``u = 512 + floor(q) + ceil(q)``, ``q = 255 hue`` in [-43, 213) (negative: the red sector's
+    wrap; ``u`` is even where ``q`` is an integer, PIL's tie, :func:`_pil_hue_ties`), shifted by
+    ``shift``.  Built once per device from integers."""
+    t = _HUE_TABLES.get(device)
+    if t is None:
+        with torch.inference_mode(False):
+            t = _HUE_TABLES[device] = _make_hue_table().to(device=device, dtype=torch.float32)
+    return t
+
+
+def _make_hue_table() -> torch.Tensor:
+    """The table of :func:`_hue_table`, in integers on the host."""
+    bad = torch.tensor(_pil_hue_ties(), dtype=torch.long)
+    u = torch.arange(1024) - 512
+    kf = torch.div(u, 2, rounding_mode="floor")  # floor(q); u odd: q not an integer
+    h0 = torch.where(kf >= 0, kf, kf + 255).clamp(0, 255)
+    h = torch.where(u % 2 == 0, h0 - bad[h0], h0)
+    hue = (h[None, :] + torch.arange(256)[:, None]) & 255  # [shift, u]
+    # PIL's hsv2rgb: channel c is v, p, q or t; with K = (6 H + 255 n_c) mod 1530 (n = 5, 3, 1)
+    # its weight is min(K, 1020 - K) clipped to [0, 255] (255: p, n: q, 255 - n: t, 0: v)
+    k = (6 * hue[None] + 255 * torch.tensor([5, 3, 1])[:, None, None]) % 1530
+    w = torch.minimum(k, 1020 - k).clamp(0, 255)
+    return w.reshape(3, -1)
+
+
+def _hue_(z: torch.Tensor, shifts: Sequence[int], rounded: bool = False) -> None:
+    """The 8-bit hue round trip of every crop of ``z`` in place (``shifts`` 1..255, one per
+    crop; ``rounded``: ``z`` holds whole levels already).
+
+    Every value is an integer below 2^24, so each float32 step is exact (a division is
+    correctly rounded, and a quotient that is not an integer lies at least 1/510 (hue) or
+    1/65025 (output) from one):
+
+    * ``v = max``, ``cr = max - min``, ``S = floor(255 cr / v)`` (PIL's, checked on all 2^24
+      colours); the hue numerator over ``6 cr``: ``g - b`` (red max, may be negative),
+      ``2 cr + b - r`` (green), ``4 cr + r - g`` (blue), selected by exact 0/1 lerps;
+      ``q = 255 num / (6 cr)`` and ``floor(q) + ceil(q)`` (odd unless ``q`` is an integer);
+    * the table (:func:`_hue_table`) maps (shift, that code) to each channel's weight ``w``;
+    * ``out = floor((65025 v + 32512 - v S w) / 65025)`` = ``round(v (1 - S w / 65025))``, PIL's
+      ``hsv2rgb`` (checked on all 2^24 HSV triples).
+    """
+    m, _, hgt, wid = z.shape
+    tab = _hue_table(z.device)
+    if not rounded:
+        _round_clip_(z)  # the workers' crop is uint8 before the round trip
+    r, g, b = z.unbind(1)
+    mx = torch.maximum(r, g)
+    torch.maximum(mx, b, out=mx)
+    cr = torch.minimum(r, g)
+    torch.minimum(cr, b, out=cr)
+    torch.sub(mx, cr, out=cr)
+    num = g - b  # red max
+    gm = b - r
+    gm.add_(cr, alpha=2.0)  # green max
+    bm = r - g
+    bm.add_(cr, alpha=4.0)  # blue max
+    d = mx - g
+    gm.lerp_(bm, d.clamp_(max=1.0))  # d = 0 where green is the max
+    torch.sub(mx, r, out=d)
+    num.lerp_(gm, d.clamp_(max=1.0))  # red first, as PIL tests it first
+    torch.clamp(cr, min=1.0, out=bm)
+    num.mul_(_k(42.5, z)).div_(bm)  # q = 255 num / (6 cr)
+    code = torch.floor(num)
+    code.add_(num.ceil_()).add_(_col([512.0 + 1024.0 * s for s in shifts], z).view(-1, 1, 1))
+    ii = code.view(-1).int()
+    w = torch.empty((3, m, hgt, wid), dtype=z.dtype, device=z.device)
+    for c in range(3):  # three 1-D gathers (faster on the CPU than one over a [3, T] table)
+        torch.index_select(tab[c], 0, ii, out=w[c].view(-1))
+    sat = cr.mul_(_k(255.0, z)).div_(torch.clamp(mx, min=1.0, out=bm)).floor_()
+    a = mx * _k(65025.0, z)
+    a.add_(_k(32512.0, z))
+    vs = mx.mul_(sat)
+    torch.addcmul(a, vs, w, value=-1.0, out=z.transpose(0, 1))
+    z.div_(_k(65025.0, z)).floor_()
 
 
 def adjust_hue(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """Shift the hue of each crop by ``h`` turns through PIL's 8-bit HSV (see the module
     docstring); ``x`` is rounded to whole levels first (the workers' crop is uint8 there).  A
     crop whose 8-bit shift is 0 is returned as it is, as the workers skip it."""
-    dtype = x.dtype
-    v = _round_clip(x).double()
-    shift = hue_shift(h).to(v.device).view(-1, 1, 1)
-    r, g, b = v.unbind(1)
-    maxc = torch.maximum(r, torch.maximum(g, b))
-    minc = torch.minimum(r, torch.minimum(g, b))
-    flat = maxc == minc
-    # PIL's rgb2hsv_row, with its C float (f32) / double (f64) steps
-    cr = torch.where(flat, torch.ones_like(maxc), maxc - minc).float()
-    s = cr / torch.where(maxc == 0, torch.ones_like(maxc), maxc).float()
-    rc, gc, bc = ((maxc - ch).float() / cr for ch in (r, g, b))
-    hh = torch.where(r == maxc, bc - gc,
-                     torch.where(g == maxc, (2.0 + rc.double() - bc.double()).float(),
-                                 (4.0 + gc.double() - rc.double()).float()))
-    hh = torch.fmod(hh.double() / 6.0 + 1.0, 1.0).float()
-    H = torch.where(flat, torch.zeros_like(maxc), torch.trunc(hh.double() * 255.0)).clamp_(0, 255)
-    S = torch.where(flat, torch.zeros_like(maxc), torch.trunc(s.double() * 255.0)).clamp_(0, 255)
-    H = torch.remainder(H + shift, 256.0)
-    # PIL's hsv2rgb
-    h6 = H * 6.0 / 255.0
-    i = torch.floor(h6)
-    f = (h6 - i).float()
-    fs = (S / 255.0).float()
-    p = torch.floor(maxc * (1.0 - fs.double()) + 0.5).clamp_(0, 255)
-    q = torch.floor(maxc * (1.0 - (fs * f).double()) + 0.5).clamp_(0, 255)
-    t = torch.floor(maxc * (1.0 - fs.double() * (1.0 - f.double())) + 0.5).clamp_(0, 255)
-    i = torch.remainder(i, 6.0)
-    sel = [(maxc, t, p), (q, maxc, p), (p, maxc, t), (p, q, maxc), (t, p, maxc), (maxc, p, q)]
-    out = []
-    for ch in range(3):
-        val = sel[5][ch]
-        for k in range(4, -1, -1):
-            val = torch.where(i == k, sel[k][ch], val)
-        out.append(torch.where(S == 0, maxc, val))
-    # a zero shift is no op at all (the workers skip the round trip, which is not the identity)
-    return torch.where(shift.view(-1, 1, 1, 1) == 0, x, torch.stack(out, 1).to(dtype))
+    y = x.to(torch.float32, copy=True)
+    shifts = _hue_shifts(h)
+    idx = [k for k, s in enumerate(shifts) if s]
+    with _autocast_off(y.device.type):
+        _run_on(y, idx, _hue_, [shifts[k] for k in idx])
+    return y
+
+
+def _gray_(z: torch.Tensor, _items=None) -> None:
+    z.copy_(_round_clip(_luma(z)).expand_as(z))
 
 
 def to_grayscale(x: torch.Tensor) -> torch.Tensor:
@@ -179,150 +485,310 @@ def to_grayscale(x: torch.Tensor) -> torch.Tensor:
     return _round_clip(_luma(x)).expand(-1, 3, -1, -1).contiguous()
 
 
+_AFFINE = (_brightness_, _contrast_, _saturation_)
 _OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
+
+
+def _color_jitter_(y: torch.Tensor, crops: Sequence[int], factors: Sequence[Sequence[float]],
+                   orders: Sequence[Sequence[int]], rounded: bool = False) -> List[bool]:
+    """The colour jitter of the crops ``crops`` of ``y`` in place, each with its factors
+    ``(b, c, s, h)`` in its order (host lists), step by step: the crops whose op at a step is
+    brightness, contrast or saturation in one batch (:func:`_affine_`), those whose op is the
+    hue in another; a zero 8-bit hue shift is no op (the workers skip it).  ``rounded``: the
+    crops start in whole levels (then the hue's rounding is skipped while they stay so).
+    Returns, per crop, whether it ends in whole levels."""
+    shifts = [int(f[3] * 255) & 255 for f in factors]
+    whole = [rounded] * len(crops)  # the crop holds whole levels (an op with a factor > 1 rounds)
+    for step in range(4):
+        ops = [o[step] for o in orders]
+        aff = [j for j in range(len(crops)) if ops[j] != 3]
+        if aff:
+            _run_on(y, [crops[j] for j in aff], _affine_, [(ops[j], factors[j][ops[j]]) for j in aff])
+            for j in aff:
+                whole[j] = factors[j][ops[j]] > 1.0
+        hue = [j for j in range(len(crops)) if ops[j] == 3 and shifts[j]]
+        if hue:
+            _run_on(y, [crops[j] for j in hue], _hue_, [shifts[j] for j in hue], all(whole[j] for j in hue))
+            for j in hue:
+                whole[j] = True
+    return whole
 
 
 def color_jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """The colour jitter of each crop of ``x`` with its own factors ``[n, 4]`` (b, c, s, h) in
-    its own order ``[n, 4]`` (a permutation of 0..3): batched over the crops that apply the
-    same op at the same step."""
-    x = x.clone()
-    order = order.detach().to("cpu", torch.long)  # the index lists are made on the host: no device syncs
-    factors = factors.detach().to("cpu", torch.float64)
-    for step in range(4):
-        for op in range(4):
-            idx = torch.nonzero(order[:, step] == op).flatten()
-            if idx.numel() == 0:
-                continue
-            on = idx.to(x.device)
-            x[on] = _OPS[op](x[on], factors[idx, op])
-    return x
+    its own order ``[n, 4]`` (a permutation of 0..3), batched step by step
+    (:func:`_color_jitter_`; factors and order are read on the host: no device syncs after)."""
+    y = x.to(torch.float32, copy=True)
+    f = factors.detach().cpu().tolist()
+    o = [[int(v) for v in row] for row in order.detach().cpu().tolist()]
+    with _autocast_off(y.device.type):
+        _color_jitter_(y, list(range(y.shape[0])), f, o)
+    return y
 
 
-def _kernel_weights(sigma: float, radius: int) -> torch.Tensor:
-    xs = torch.arange(-radius, radius + 1, dtype=torch.float64)
-    g = torch.exp(-(xs * xs) / (2.0 * sigma * sigma))
-    return g / g.sum()
+# -- blur ----------------------------------------------------------------------------------
+def _f32(v) -> float:
+    """``v`` rounded to C float (float32, to nearest), as a Python number."""
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+def _kernel_weights(sigma: float, radius: int) -> List[float]:
+    """The workers' truncated, renormalised Gaussian (float64 on the host)."""
+    g = [math.exp(-(d * d) / (2.0 * sigma * sigma)) for d in range(-radius, radius + 1)]
+    total = sum(g)
+    return [v / total for v in g]
 
 
 def _pil_box_radius(sigma: float, passes: int = 3) -> float:
     """PIL's ``_gaussian_blur_radius``: the extended box radius of ``passes`` box blurs with
-    the variance of a Gaussian of ``sigma`` (Gwosdek et al. 2011); computed in C float."""
-    sigma2 = sigma * sigma / passes
-    L = math.sqrt(12.0 * sigma2 + 1.0)
-    l = math.floor((L - 1.0) / 2.0)
-    a = (2 * l + 1) * (l * (l + 1) - 3 * sigma2)
-    a /= 6 * (sigma2 - (l + 1) * (l + 1))
-    return float(torch.tensor(l + a, dtype=torch.float32))
+    the variance of a Gaussian of ``sigma`` (Gwosdek et al. 2011), step by step in C float as
+    Pillow computes it (``sigma`` reaches C as a float; ``sqrt`` and ``floor`` in double)."""
+    f = _f32
+    r = f(sigma)
+    sigma2 = f(f(r * r) / passes)
+    L = f(math.sqrt(12.0 * sigma2 + 1.0))
+    l = f(math.floor((L - 1.0) / 2.0))
+    a = f(f(f(2 * l) + 1) * f(f(l * f(l + 1)) - f(3 * sigma2)))
+    a = f(a / f(6 * f(sigma2 - f(f(l + 1) * f(l + 1)))))
+    return f(l + a)
 
 
 def _box_weights(radius_f: float):
     """PIL's fixed-point weights of an extended box blur: ``(r, ww, fw)`` with
-    ``ww = 2^24 / (2 r_f + 1)`` for the ``2r + 1`` inner taps and ``fw`` for the two outer ones."""
+    ``ww = (UINT32)(2^24 / (2 r_f + 1))`` (a C float division) for the ``2r + 1`` inner taps
+    and ``fw`` for the two outer ones."""
     r = int(radius_f)
-    ww = int((1 << 24) / (radius_f * 2 + 1))
+    ww = int(_f32(float(1 << 24) / _f32(radius_f * 2 + 1)))
     fw = ((1 << 24) - (r * 2 + 1) * ww) // 2
     return r, ww, fw
 
 
-def _shift_sum(xp: torch.Tensor, w: torch.Tensor, width: int) -> torch.Tensor:
-    """``sum_d w[:, d] * xp[..., d:d + width]`` along the last axis, one weight row per
-    image (``xp`` ``[m, H, width + K - 1]``, ``w`` ``[m, K]``; float64, exact for PIL's
-    fixed-point weights)."""
-    acc = torch.zeros(xp.shape[:-1] + (width,), dtype=xp.dtype, device=xp.device)
-    for d in range(w.shape[1]):
-        acc.add_(xp[..., d:d + width] * w[:, d].view(-1, 1, 1))
-    return acc
+def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int) -> None:
+    """PIL's ``GaussianBlur`` of the crops ``idx`` of ``y`` (whole levels) in place, all of
+    integer box radius ``r`` (``boxes``: their ``(r, ww, fw)``): three horizontal, then three
+    vertical passes of PIL's extended box blur, edges replicated, each ``floor((ww S + fw E +
+    2^23) / 2^24)`` with ``S`` the sum of the ``2r + 1`` inner taps and ``E`` of the two outer
+    ones (integers).
 
+    With ``ww = wh 2^k + wl`` (likewise ``fw``) that is ``floor(hi + floor(lo / 2^k + 2^(23-k))
+    2^(k-24))`` for the integers ``hi = wh S + fh E`` and ``lo = wl S + fl E`` (``k`` such
+    that ``lo < 2^23``): every float32 value below is an integer, or one scaled by a power of
+    two, below 2^24, so each step is exact whatever the rounding of fused multiply-adds.
 
-def _box_rows(sigmas: Sequence[float]) -> torch.Tensor:
-    """Per crop, PIL's extended-box weights for ``GaussianBlur(sigma)`` as one tap row
-    ``[2R + 3]`` (``R`` the largest integer radius; zeros beyond a crop's own ``r + 1``)."""
-    boxes = [_box_weights(_pil_box_radius(s)) for s in sigmas]
-    big = max(r for r, _, _ in boxes)
-    rows = torch.zeros((len(boxes), 2 * big + 3), dtype=torch.float64)
-    for k, (r, ww, fw) in enumerate(boxes):
-        rows[k, big - r:big + r + 3] = float(ww)
-        rows[k, big - r] = rows[k, big + r + 2] = float(fw)
-    return rows
+    The crops are copied once into a buffer padded by ``r + 1`` on all sides, seen as one flat
+    row per crop, so that every tap of either axis is a contiguous slice (a pass also computes
+    garbage at the pad positions, which the edge copies overwrite before a pass reads them),
+    and each pass writes its result into the buffer in place."""
+    m, ch, hgt, wid = len(idx), y.shape[1], y.shape[2], y.shape[3]
+    p = r + 1
+    k = 23 - (255 * (2 * r + 3) - 1).bit_length()  # lo = wl S + fl E < 2^23
+    if k < 8:  # pragma: no cover - box radius > 62 (sigma > ~60 px): float weights, within 1 level at ties
+        k = 0
+    mask = (1 << k) - 1
 
+    def col(v):
+        return _col(v, y).view(-1, 1)
 
-def _pil_gaussian(x: torch.Tensor, sigmas: Sequence[float]) -> torch.Tensor:
-    """PIL's ``GaussianBlur(sigma)`` of each crop of ``x`` ``[n, C, H, W]`` (whole levels), its
-    own sigma each: three horizontal then three vertical passes of an extended box blur, edges
-    replicated, each pass rounded as PIL's fixed point ``(acc + 2^23) >> 24``."""
-    n, c, hgt, wid = x.shape
-    w = _box_rows(sigmas).to(x.device).repeat_interleave(c, 0)
-    pad = (w.shape[1] - 1) // 2
-    y = x.double().reshape(n * c, hgt, wid)
-    for _ in range(2):
+    wh = col([(ww >> k) * 2.0 ** (k - 24) for _, ww, _ in boxes])
+    fh = col([(fw >> k) * 2.0 ** (k - 24) for _, _, fw in boxes])
+    wl = col([(ww & mask) * 2.0 ** -k for _, ww, _ in boxes])
+    fl = col([(fw & mask) * 2.0 ** -k for _, _, fw in boxes])
+    c, scale = _k(2.0 ** (23 - k), y), 2.0 ** (k - 24)
+    buf = torch.empty((m, ch, hgt + 2 * p, wid + 2 * p), dtype=y.dtype, device=y.device)
+    mid = buf[:, :, p:p + hgt, p:p + wid]
+    _transfer(mid, y, idx, into=True)
+    flat = buf.view(m, -1)
+    edge, lo, inner = (torch.empty((m, flat.shape[1]), dtype=y.dtype, device=y.device) for _ in range(3))
+    for dim, step in ((-1, 1), (-2, wid + 2 * p)):  # step: the flat distance of neighbouring taps
+        span = flat.shape[1] - 2 * p * step
+        tap = [flat.narrow(1, j * step, span) for j in range(2 * p + 1)]
+        e, i_, l_ = edge[:, :span], inner[:, :span], lo[:, :span]
+        lead = buf.narrow(dim, 0, p)
+        tail = buf.narrow(dim, p + buf.shape[dim] - 2 * p, p)
+        first = buf.narrow(dim, p, 1).expand_as(lead)
+        last = buf.narrow(dim, buf.shape[dim] - p - 1, 1).expand_as(tail)
         for _ in range(3):
-            xp = torch.nn.functional.pad(y.unsqueeze(1), (pad, pad, 0, 0), mode="replicate").squeeze(1)
-            y = torch.floor((_shift_sum(xp, w, y.shape[-1]) + float(1 << 23)) / float(1 << 24))
-        y = y.transpose(1, 2)
-    return y.reshape(n, c, hgt, wid).to(x.dtype)
+            lead.copy_(first)  # edges replicated (PIL's extended edges)
+            tail.copy_(last)
+            torch.add(tap[0], tap[2 * p], out=e)
+            s = tap[1]
+            if r:
+                s = torch.add(tap[1], tap[2], out=i_)
+                for j in range(3, 2 * r + 2):
+                    s.add_(tap[j])
+            torch.mul(e, fl, out=l_)
+            l_.addcmul_(s, wl).add_(c).floor_()
+            e.mul_(fh).addcmul_(s, wh).add_(l_, alpha=scale)
+            torch.floor(e, out=tap[p])  # the interior (and garbage at the pads)
+    _transfer(mid, y, idx, into=False)
 
 
-def _truncated(x: torch.Tensor, sigmas: Sequence[float], radii: Sequence[int]) -> torch.Tensor:
-    """Each crop blurred by the truncated renormalised Gaussian of its ``radius`` (PIL's
-    ``Kernel`` filter: the outer ``radius`` rows and columns are left as they are), rounded."""
-    n, c, hgt, wid = x.shape
-    big = max(radii)
-    g = torch.zeros((n, 2 * big + 1), dtype=torch.float64)
-    for k, (s, r) in enumerate(zip(sigmas, radii)):
-        g[k, big - r:big + r + 1] = _kernel_weights(s, r)
-    g = g.to(x.device).repeat_interleave(c, 0)
-    y = x.double().reshape(n * c, hgt, wid)
-    y = _shift_sum(torch.nn.functional.pad(y.unsqueeze(1), (big, big, 0, 0), mode="replicate").squeeze(1), g, wid)
-    y = _shift_sum(torch.nn.functional.pad(y.transpose(1, 2).unsqueeze(1), (big, big, 0, 0),
-                                           mode="replicate").squeeze(1), g, hgt).transpose(1, 2)
-    y = _round_clip(y).reshape(n, c, hgt, wid).to(x.dtype)
-    rr = torch.as_tensor(list(radii), device=x.device).view(n, 1, 1, 1)
-    i = torch.arange(hgt, device=x.device).view(1, 1, -1, 1)
-    j = torch.arange(wid, device=x.device).view(1, 1, 1, -1)
-    inner = (i >= rr) & (i < hgt - rr) & (j >= rr) & (j < wid - rr)
-    return torch.where(inner, y, x)
+def _transfer(buf: torch.Tensor, y: torch.Tensor, idx: Sequence[int], into: bool) -> None:
+    """``buf[j] = y[idx[j]]`` (``into``) or back: one copy for a run of consecutive crops."""
+    a = idx[0]
+    if idx[-1] - a + 1 == len(idx):
+        dst, src = (buf, y[a:a + len(idx)]) if into else (y[a:a + len(idx)], buf)
+        dst.copy_(src)
+    elif into:
+        _gather(buf, y, idx)
+    else:
+        _scatter(y, idx, buf)
+
+
+def _truncated_(z: torch.Tensor, sigmas: Sequence[float], r: int) -> None:
+    """Each crop of ``z`` blurred by the truncated renormalised Gaussian of radius ``r`` in
+    place, rounded (PIL's ``Kernel`` filter: the outer ``r`` rows and columns stay as they
+    are); separable, in float32."""
+    _, _, hgt, wid = z.shape
+    if hgt <= 2 * r or wid <= 2 * r:
+        return
+    g = [_kernel_weights(s, r) for s in sigmas]
+    taps = [_col([w[j] for w in g], z) for j in range(2 * r + 1)]
+    h = z[..., 0:wid - 2 * r] * taps[0]
+    for j in range(1, 2 * r + 1):
+        h.addcmul_(z[..., j:j + wid - 2 * r], taps[j])
+    v = h[..., 0:hgt - 2 * r, :] * taps[0]
+    for j in range(1, 2 * r + 1):
+        v.addcmul_(h[..., j:j + hgt - 2 * r, :], taps[j])
+    z[..., r:hgt - r, r:wid - r] = _round_clip_(v)
+
+
+def _blur_groups(crops: Sequence[int], sigmas: Sequence[float], radii: Sequence[int]):
+    """The workers' blur rule (module docstring) for each crop: ``{("kernel", r): [(crop,
+    sigma)], ("box", r): [(crop, (r, ww, fw))]}`` (no entry: no blur)."""
+    groups = {}
+    for k, s, r in zip(crops, sigmas, radii):
+        if r <= 0 or s <= 0.25:
+            continue
+        if r <= 2 and 3.0 * s > r:
+            groups.setdefault(("kernel", r), []).append((k, s))
+        else:
+            box = _box_weights(_pil_box_radius(s))
+            groups.setdefault(("box", box[0]), []).append((k, box))
+    return groups
+
+
+def _blur_(y: torch.Tensor, crops: Sequence[int], sigmas: Sequence[float], radii: Sequence[int],
+           per: Optional[int] = None) -> None:
+    """The workers' blur rule on the crops ``crops`` of ``y`` in place, in batches of one rule
+    and radius (of at most ``per`` crops)."""
+    for (rule, r), items in sorted(_blur_groups(crops, sigmas, radii).items()):
+        step = per or len(items)
+        for i in range(0, len(items), step):
+            part = items[i:i + step]
+            if rule == "kernel":
+                _run_on(y, [k for k, _ in part], _truncated_, [v for _, v in part], r)
+            else:
+                _box_blur_(y, [k for k, _ in part], [v for _, v in part], r)
 
 
 def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
-    """The workers' blur rule (module docstring), ``sigma`` and ``radius`` one per crop; the
-    crops of each rule are one batch."""
-    out = x.clone()
-    sig = sigma.detach().double().cpu().tolist()
-    rad = [int(v) for v in radius.detach().cpu().tolist()]
-    kern = [k for k, (s, r) in enumerate(zip(sig, rad)) if r > 0 and s > 0.25 and r <= 2 and 3.0 * s > r]
-    gauss = [k for k, (s, r) in enumerate(zip(sig, rad)) if r > 0 and s > 0.25 and not (r <= 2 and 3.0 * s > r)]
-    if kern:
-        idx = torch.tensor(kern, device=x.device)
-        out[idx] = _truncated(x[idx], [sig[k] for k in kern], [rad[k] for k in kern])
-    if gauss:
-        idx = torch.tensor(gauss, device=x.device)
-        out[idx] = _pil_gaussian(x[idx], [sig[k] for k in gauss])
-    return out
+    """The workers' blur rule (module docstring), ``sigma`` and ``radius`` one per crop (read
+    on the host); the crops of each rule are one batch."""
+    y = x.to(torch.float32, copy=True)
+    sig = _host(sigma)
+    rad = [int(v) for v in _host(radius)]
+    with _autocast_off(y.device.type):
+        _blur_(y, list(range(y.shape[0])), sig, rad)
+    return y
+
+
+# -- the whole device side ----------------------------------------------------------------------
+def _colour_(y: torch.Tensor, rows: Sequence[Sequence[float]], rounded: bool) -> None:
+    """Colour jitter, grayscale and the rounding to levels of the crops of ``y`` (float32 levels;
+    ``rounded``: whole levels) in place, with their parameter rows (host lists)."""
+    whole = [rounded] * len(rows)  # the crop holds whole levels
+    jit = [k for k, row in enumerate(rows) if row[P_JITTER] > 0.5]
+    if jit:
+        ends = _color_jitter_(y, jit, [rows[k][P_FACTORS] for k in jit],
+                              [[int(v) for v in rows[k][P_ORDER]] for k in jit], rounded)
+        for k, w in zip(jit, ends):
+            whole[k] = w
+    gray = [k for k, row in enumerate(rows) if row[P_GRAY] > 0.5]
+    _run_on(y, gray, _gray_)
+    for k in gray:
+        whole[k] = True
+    rest = [k for k, w in enumerate(whole) if not w]
+    if rest:  # the workers' crop is uint8 before the blur
+        if len(_runs(rest)) <= _MAX_RUNS:
+            _run_on(y, rest, _round_clip_)
+        else:
+            _round_clip_(y)
+
+
+def _blur_rows_(y: torch.Tensor, rows: Sequence[Sequence[float]], per: Optional[int] = None) -> None:
+    """The blur of the crops of ``y`` that draw one (their parameter rows ``rows``).  A
+    grayscale crop's three channels are equal: its first is blurred and copied to the others."""
+    for gray in (False, True):
+        blur = [k for k, row in enumerate(rows) if row[P_BLUR] > 0.5 and (row[P_GRAY] > 0.5) == gray]
+        if not blur:
+            continue
+        z = y[:, 0:1] if gray else y
+        _blur_(z, blur, [rows[k][P_SIGMA] for k in blur], [int(rows[k][P_RADIUS]) for k in blur], per)
+        if gray and y.device.type == "cpu":
+            for k in blur:
+                _spread_(y[k:k + 1])
+        elif gray:
+            _run_on(y, blur, _spread_)
+
+
+def _spread_(z: torch.Tensor, _items=None) -> None:
+    """The first channel of each crop of ``z`` into the other two, in place."""
+    z[:, 1:].copy_(z[:, 0:1].expand(-1, z.shape[1] - 1, -1, -1))
+
+
+def _cpu_chunks(rows: Sequence[Sequence[float]], per: int) -> List[List[int]]:
+    """The crops in groups for the CPU's colour ops: sorted by the step of their hue (then
+    grayscale), cut where that step changes or at ``per`` crops, so that at each step of the
+    jitter the group is one batch of the hue or one of brightness / contrast / saturation, and
+    the grayscale set is a run."""
+    keys = {}
+    for k, row in enumerate(rows):
+        jit = row[P_JITTER] > 0.5
+        order = [int(v) for v in row[P_ORDER]]
+        keys[k] = (not jit, order.index(3) if jit and 3 in order else -1, row[P_GRAY] > 0.5, k)
+    chunks, last = [], None
+    for k in sorted(keys, key=keys.get):
+        if keys[k][:2] != last or len(chunks[-1]) >= per:
+            chunks.append([])
+            last = keys[k][:2]
+        chunks[-1].append(k)
+    return chunks
 
 
 def apply_photometric(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     """Colour jitter (drawn order), grayscale and blur of uint8 crops ``x`` ``[n, 3, s, s]``
     with their parameter rows ``params`` ``[n, NUM_PARAMS]`` (on any device: they are read on
-    the host once); returns float32 in whole levels."""
-    y = x.float()
-    params = params.detach().to("cpu", torch.float64)  # read on the host once: the selections cause no device syncs
-
-    def rows(col):
-        idx = torch.nonzero(params[:, col] > 0.5).flatten()
-        return idx, idx.to(x.device)
-
-    jit, on = rows(P_JITTER)
-    if jit.numel():
-        y[on] = color_jitter(y[on], params[jit, P_FACTORS], params[jit, P_ORDER])
-    gray, on = rows(P_GRAY)
-    if gray.numel():
-        y[on] = to_grayscale(y[on])
-    y = _round_clip(y)  # the workers' crop is uint8 before the blur
-    blur, on = rows(P_BLUR)
-    if blur.numel():
-        y[on] = gaussian_blur(y[on], params[blur, P_SIGMA], params[blur, P_RADIUS])
-    return y
+    the host once); returns float32 in whole levels.  Every op on ``x``'s device is float32,
+    with autocast off.  On the CPU the colour ops go in groups of about ``_CPU_CHUNK`` values
+    that share the step of their hue (:func:`_cpu_chunks`), and the blur in batches of about as
+    many values, so that the temporaries stay in the caches; elsewhere each is one batch."""
+    rows = params.detach().cpu().tolist()  # read on the host once: the selections cause no device syncs
+    cpu = x.device.type == "cpu"
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    rounded = not x.is_floating_point()  # uint8 crops: whole levels
+    if x.shape[0] == 0:
+        return out
+    with _autocast_off(x.device.type), torch.inference_mode():  # no autograd bookkeeping per op
+        if not cpu:
+            out.copy_(x)
+            _colour_(out, rows, rounded)
+            _blur_rows_(out, rows)
+            return out
+        per = max(1, _CPU_CHUNK // max(1, x[0].numel()))
+        for idx in _cpu_chunks(rows, per):
+            sub = [rows[k] for k in idx]
+            a, b = idx[0], idx[-1] + 1
+            if idx == list(range(a, b)):
+                y = out[a:b]
+                y.copy_(x[a:b])
+                _colour_(y, sub, rounded)
+                continue
+            y = _gather(None, x, idx)
+            _colour_(y, sub, rounded)
+            _scatter(out, idx, y)
+        _blur_rows_(out, rows, max(1, _CPU_BLUR_CHUNK // max(1, x[0].numel())))
+    return out
 
 
 class DeviceAugmenter:

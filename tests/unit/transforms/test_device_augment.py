@@ -7,14 +7,20 @@ Independent truths: the workers' own ops (``multicrop_ops``: PIL), the transform
 ``device_augment: off`` (today's output) under the same numpy RNG state, scipy's KS,
 chi-square and binomial tests.
 
-Measured differences of the device ops from the workers' ops, in 0-255 levels (random
-textured images, this file's seeds): brightness, hue, PIL's Gaussian blur 0 (bit-equal); the
-truncated kernel of small crops <= 1 level at exact rounding ties (PIL sums in float32);
-contrast <= 1 level (the workers estimate the mean from a box-reduced copy: about 0.5% of
-the pixels differ); saturation and grayscale <= 1 level (float vs PIL's fixed-point luma;
-< 0.1% of the pixels); the whole chain (jitter in random order, grayscale, blur) <= 6
-levels, with < 2% of the values differing at all and a mean difference < 0.05 levels (a
-1-level difference before the hue can move PIL's 8-bit hue by one step, up to 6 levels).
+Every op of the device side computes in float32 (no float64 tensor but the small host-side
+parameter rows: ``test_no_float64_on_the_crops_device``), with autocast off (the same
+results under each of ``autocast_emulator.AMP_MODES``).  Measured differences of the device
+ops from the workers' ops, in 0-255 levels (random textured images, this file's seeds):
+brightness, hue, PIL's Gaussian blur 0 (bit-equal: the hue and the box blur are float32
+integer arithmetic below 2^24, exact; the hue also on every hue ratio, ties included, and the
+blur on rows that tell PIL's C-float box weights from double ones); the truncated kernel of
+small crops <= 1 level at exact rounding ties (PIL sums in float32, as the device does, in
+another order); contrast <= 1 level (the workers estimate the mean from a box-reduced copy:
+about 1% of the values differ); saturation and grayscale <= 1 level (float vs PIL's
+fixed-point luma; < 0.1% of the pixels); the whole chain (jitter in random order, grayscale,
+blur) <= 6 levels, with < 2% of the values differing at all and a mean difference < 0.05
+levels (a 1-level difference before the hue can move PIL's 8-bit hue by one step, up to 6
+levels).
 """
 import numpy as np
 import pytest
@@ -22,6 +28,7 @@ import torch
 from PIL import Image
 
 import vissl  # noqa: F401  (registers the plugin)
+from autocast_emulator import AMP_MODES
 from vissl_swav_plugin.config.checkers import ConfigError
 from vissl_swav_plugin.transforms import device_augment as da
 from vissl_swav_plugin.transforms import device_step as ds
@@ -164,6 +171,101 @@ def test_photometric_pipeline_matches_todays_crops(cfg):
     d = np.concatenate(diffs)
     big = d > 0.01
     assert d.max() <= 6.01 and big.mean() < 0.02 and d.mean() < 0.05, (d.max(), big.mean(), d.mean())
+
+
+# -- (b') float32: exact where PIL is, no float64, autocast ---------------------------------
+def test_hue_equals_pils_on_every_hue():
+    """PIL's 8-bit hue round trip bit for bit (``multicrop_ops``, one hue op) on every colour
+    whose largest channel is 255 (so every hue ratio, among them every hue of exactly k / 255,
+    where Pillow's float steps truncate one level lower for some k) and on 2^16 random colours,
+    for shifts up and down."""
+    a = np.arange(256)
+    g, b = np.meshgrid(a, a, indexing="ij")
+    full = np.full_like(g, 255)
+    tops = [np.stack(c, -1).reshape(-1, 3) for c in ((full, g, b), (g, full, b), (g, b, full))]
+    cols = np.concatenate(tops + [np.random.default_rng(9).integers(0, 256, (65536, 3))]).astype(np.uint8)
+    im = Image.fromarray(cols[:len(cols) // 512 * 512].reshape(-1, 512, 3))
+    for shift in (1, 37, 100, 128, 200, 255):
+        h = shift / 255 + 1e-9 if shift < 128 else (shift - 256) / 255 - 1e-9
+        assert int(h * 255) & 255 == shift
+        cpu = as_tensor(ops.color_jitter(im, [1.0, 1.0, 1.0, h], [3], False))
+        dev = da.adjust_hue(as_tensor(im), torch.tensor([h], dtype=torch.float64))
+        assert torch.equal(cpu, dev), (shift, int((cpu != dev).sum()))
+
+
+def test_box_blur_equals_pils_bit_for_bit():
+    """PIL's ``GaussianBlur`` (three extended-box passes per axis, fixed-point weights from a
+    radius and a division in C float) on 3000 random rows of 64 px, each repeated down 6 rows
+    (so the vertical passes keep them) with its own sigma in (0.25, 2]: bit-equal.  About 1% of
+    such rows tell the C-float weights from weights computed in double (which differ for
+    about half of the sigmas)."""
+    rng = np.random.default_rng(11)
+    n = 3000
+    rows = rng.integers(0, 256, (n, 3, 1, 64), dtype=np.uint8)
+    sig = rng.uniform(0.26, 2.0, n)
+    x = np.ascontiguousarray(np.broadcast_to(rows, (n, 3, 6, 64)))
+    cpu = torch.cat([as_tensor(ops.gaussian_blur(Image.fromarray(c.transpose(1, 2, 0)), float(s), 3))
+                     for c, s in zip(x, sig)])
+    dev = da.gaussian_blur(torch.from_numpy(x).float(), torch.tensor(sig), torch.full((n,), 3))
+    assert torch.equal(cpu, dev), int((cpu != dev).sum())
+
+
+def _param_batch(n=12, size=40, seed=21):
+    """uint8 crops and parameter rows that take every path of the device side: jitter in random
+    orders (factors on both sides of 1; one crop with a zero 8-bit hue shift, one unjittered),
+    grayscale, and no blur (sigma <= 0.25), PIL's box blur (3 sigma <= radius 2) and the
+    truncated kernel."""
+    rng = np.random.default_rng(seed)
+    x = torch.cat([as_tensor(textured(rng, size, size)) for _ in range(n)]).to(torch.uint8)
+    factors = np.column_stack([rng.uniform(0.2, 1.8, (n, 3)), rng.uniform(-0.5, 0.5, n)])
+    factors[0, 3] = 0.5 / 255
+    order = np.stack([rng.permutation(4) for _ in range(n)])
+    jitter = (np.arange(n) != 1).astype(float)
+    gray = (np.arange(n) % 3 == 0).astype(float)
+    blur = (np.arange(n) % 4 != 1).astype(float)
+    sigma = np.linspace(0.1, 2.0, n)
+    return x, da.pack_params(jitter, factors, order, gray, blur, sigma, [int(0.1 * size) // 2] * n)
+
+
+def test_no_float64_on_the_crops_device():
+    """Every op ``apply_photometric`` dispatches, recorded (``TorchDispatchMode``): no float64
+    result but the host-side copies of the parameter rows (no larger than ``params``), while the
+    crop-sized work is float32.  (The crops here are on the CPU, so the host's small tensors
+    are told apart by size: each crop alone has 30x the parameters' values.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    x, p = _param_batch()
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            seen.extend((str(func), t.dtype, t.numel()) for t in tree_leaves(out) if torch.is_tensor(t))
+            return out
+
+    with Record():
+        y = da.apply_photometric(x, p)
+    assert y.dtype == torch.float32
+    wide = [op for op in seen if op[1] == torch.float64 and op[2] > p.numel()]
+    assert not wide, wide[:5]
+    assert sum(1 for op in seen if op[1] == torch.float32 and op[2] >= x[0].numel()) > 100
+
+
+@pytest.mark.parametrize("mode", sorted(AMP_MODES))
+def test_photometric_is_the_same_under_autocast(mode):
+    """Under each precision setting users run (``autocast_emulator.AMP_MODES``: CPU bf16
+    autocast, CUDA-like fp16 / bf16 with the matmul family cast) ``apply_photometric`` and the
+    augmenter give exactly the plain float32 results."""
+    x, p = _param_batch()
+    aug = da.DeviceAugmenter([0.485, 0.456, 0.406], [0.229, 0.224, 0.225], photometric=True)
+    plain = da.apply_photometric(x, p)
+    plain_aug = aug([x[:6], x[6:]], torch.stack([p[:6], p[6:]]))
+    with AMP_MODES[mode]():
+        amp = da.apply_photometric(x, p)
+        amp_aug = aug([x[:6], x[6:]], torch.stack([p[:6], p[6:]]))
+    assert amp.dtype == torch.float32 and torch.equal(amp, plain)
+    assert all(a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(amp_aug, plain_aug))
 
 
 # -- (c) the parameter draws --------------------------------------------------------------
