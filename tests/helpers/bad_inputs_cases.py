@@ -13,6 +13,9 @@ def _corrupt(kind, path):
     elif kind == "truncated_jpg":
         good.save(path, format="JPEG", quality=95)
         path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3])
+    elif kind == "truncated_jpg_body":  # the header whole (the size reads), the scan cut short
+        good.resize((256, 256)).save(path, format="JPEG", quality=95)
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) * 2 // 3])
     elif kind == "truncated_png":
         good.save(path, format="PNG")
         path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])

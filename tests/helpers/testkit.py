@@ -124,8 +124,9 @@ def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER
     return Path(log_path).read_text()
 
 
-def make_image_folder(root, classes=2, per_class=8, size=32, seed=0):
-    """A small ImageFolder of distinct random-texture PNGs: root/<class>/<i>.png."""
+def make_image_folder(root, classes=2, per_class=8, size=32, seed=0, ext="png"):
+    """A small ImageFolder of distinct random-texture images: root/<class>/<i>.<ext> (``png``, or
+    ``jpg`` for JPEGs of quality 90)."""
     import numpy as np
     from PIL import Image
 
@@ -137,7 +138,7 @@ def make_image_folder(root, classes=2, per_class=8, size=32, seed=0):
             base = rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8)  # coarse colour blocks
             img = np.kron(base, np.ones((size // 4, size // 4, 1), dtype=np.uint8))
             img = np.clip(img.astype(int) + rng.integers(-20, 21, img.shape), 0, 255).astype(np.uint8)
-            Image.fromarray(img).save(root / f"class{c}" / f"{i}.png")
+            Image.fromarray(img).save(root / f"class{c}" / f"{i}.{ext}", **({"quality": 90} if ext == "jpg" else {}))
     return root
 
 

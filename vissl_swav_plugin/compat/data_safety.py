@@ -29,6 +29,13 @@ Image modes (16-bit, float, CMYK, palette, alpha, multi-frame, ...)
     dropped); a mode without a defined conversion or a float image with NaN / inf is a
     :class:`BadImageError` naming the file.
 
+Images read undecoded
+    With ``config.DATA.TRAIN.DEVICE_AUGMENT=decode`` or a ``multicrop_plugin`` with ``jpeg_draft``
+    (:func:`.image_modes.wants_encoded`), a JPEG in RGB or grayscale is handed to the transform as
+    an :class:`.image_modes.EncodedImage` (its bytes and its header's size): a damaged header fails
+    here as above; a damaged body fails where it is decoded (the transform's reduced decode in the
+    worker, or the device's decode, which names the file with :func:`bad_image_error`).
+
 EXIF orientation
     Not applied (as the official SwAV code and torchvision's loader): an image carrying a
     non-identity orientation gets a warning, once per process, naming the file and
@@ -45,7 +52,7 @@ import logging
 import os
 
 from vissl_swav_plugin.compat.engine import original, patch, register
-from vissl_swav_plugin.compat.image_modes import EXIF_ENV, EXIF_POLICIES, open_rgb
+from vissl_swav_plugin.compat.image_modes import EXIF_ENV, EXIF_POLICIES, open_encoded, open_rgb, wants_encoded
 
 BAD_IMAGES_ENV = "VISSL_SWAV_PLUGIN_BAD_IMAGES"
 _originals = {}  # attribute -> VISSL's DiskImageDataset method before our patch
@@ -107,17 +114,25 @@ def _init(self, cfg, data_source, path, split, dataset_name):
         raise DatasetError(f"{key}: {data_source} path {path} (dataset {dataset_name}) {problem}") from e
     self._vissl_swav_plugin_bad_images = bad_image_policy()
     self._vissl_swav_plugin_exif = exif_policy()
+    # the transform draws the crops before the decode (image_modes.wants_encoded)
+    self._vissl_swav_plugin_encoded = wants_encoded(cfg, split)
     if self._vissl_swav_plugin_bad_images == "error" and getattr(self, "enable_queue_dataset", False):
         # a failure raises, so there is nothing to substitute from the queue
         self.enable_queue_dataset = False
 
 
-def _bad_image_error(ds, idx, path, reason):
+def bad_image_error(path, idx, dataset_name, split, reason) -> BadImageError:
+    """The error of an image file that cannot be decoded, naming the file, its index, the dataset
+    and the split (also raised where ``DEVICE_AUGMENT=decode`` decodes on the device)."""
     return BadImageError(
-        f"cannot read image file {path} (index {idx} of dataset {ds.dataset_name}, "
-        f"config.DATA.{ds.split}): {reason}. Remove or replace the file, or set "
+        f"cannot read image file {path} (index {idx} of dataset {dataset_name}, "
+        f"config.DATA.{split}): {reason}. Remove or replace the file, or set "
         f"{BAD_IMAGES_ENV}=substitute to train on VISSL's gray substitute image instead"
     )
+
+
+def _bad_image_error(ds, idx, path, reason):
+    return bad_image_error(path, idx, ds.dataset_name, ds.split, reason)
 
 
 def _substitute(ds, path, exc):
@@ -150,7 +165,8 @@ def _getitem_checked(self, idx):
     path = _image_path(self, idx)
     try:
         exif = getattr(self, "_vissl_swav_plugin_exif", None) or exif_policy()
-        img = open_rgb(path, g_pathmgr.open, exif)
+        opener = open_encoded if getattr(self, "_vissl_swav_plugin_encoded", False) else open_rgb
+        img = opener(path, g_pathmgr.open, exif)
     except Exception as e:
         if _policy(self) == "error":
             text = getattr(e, "reason", None) or (str(e).strip().splitlines() or [""])[0]

@@ -191,3 +191,87 @@ def open_rgb(path, opener=open, exif: str = "ignore"):
         rgb = to_rgb(img, path)
         rgb.load()
         return rgb
+
+
+#: ``config.DATA.TRAIN.DEVICE_AUGMENT`` value whose workers send JPEG files undecoded
+#: (:mod:`vissl_swav_plugin.transforms.device_decode`) and the ``multicrop_plugin`` key that decodes
+#: JPEGs at a reduced size where every crop allows it: with either, :mod:`.data_safety` hands the
+#: transform an :class:`EncodedImage` instead of a decoded image
+DECODE_ON_DEVICE = "decode"
+DRAFT_KEY = "jpeg_draft"
+#: the JPEG modes that torchvision's ``decode_jpeg(..., mode=RGB)`` turns into PIL's RGB pixels
+_DEVICE_JPEG_MODES = ("RGB", "L")
+
+
+class EncodedImage:
+    """An image file's bytes and pixel size, not decoded (its header only was read): what a
+    loader worker hands to ``multicrop_plugin`` when the crops' parameters are drawn before the
+    decode (the device decodes it, or the worker decodes it at the size the crops allow).
+
+    Attributes:
+        path: the file, for error messages.
+        data: the file's bytes (a JPEG in RGB or grayscale).
+        size: ``(width, height)`` in pixels, as ``PIL.Image.size``.
+    """
+
+    __slots__ = ("path", "data", "size")
+
+    def __init__(self, path, data: bytes, size):
+        self.path, self.data, self.size = str(path), data, (int(size[0]), int(size[1]))
+
+    @property
+    def width(self) -> int:
+        return self.size[0]
+
+    @property
+    def height(self) -> int:
+        return self.size[1]
+
+    def decode(self, reduce: int = 1):
+        """The RGB image as :func:`open_rgb` gives it; ``reduce`` 2, 4 or 8: JPEG's reduced-size
+        decode (PIL's ``draft``: the DCT scaled to about ``size / reduce``, much cheaper than a
+        full decode; ``reduce`` 1: the full image)."""
+        import io
+
+        from PIL import Image
+
+        img = Image.open(io.BytesIO(self.data))
+        if reduce > 1:
+            img.draft("RGB", (-(-self.width // reduce), -(-self.height // reduce)))
+        rgb = to_rgb(img, self.path)
+        rgb.load()
+        return rgb
+
+    def __repr__(self):
+        return f"EncodedImage({self.path!r}, {len(self.data)} bytes, size={self.size})"
+
+
+def open_encoded(path, opener=open, exif: str = "ignore"):
+    """:func:`open_rgb`'s image, left encoded where it can be: an :class:`EncodedImage` for a JPEG
+    in RGB or grayscale whose EXIF orientation needs nothing (``exif`` ``ignore``, or orientation
+    1); any other file decoded by :func:`open_rgb`'s rules (a PIL RGB image).  Only the header
+    is parsed for an encoded one, so a file whose body is damaged fails where it is decoded."""
+    import io
+
+    from PIL import Image
+
+    with opener(path, "rb") as f:
+        data = f.read()
+    img = Image.open(io.BytesIO(data))
+    if img.format == "JPEG" and img.mode in _DEVICE_JPEG_MODES:
+        if exif_orientation(img) == 1 or exif != "apply":
+            _handle_exif(img, path, exif)  # the warning of an orientation left as stored
+            return EncodedImage(path, data, img.size)
+    rgb = to_rgb(_handle_exif(img, path, exif), path)
+    rgb.load()
+    return rgb
+
+
+def wants_encoded(cfg, split: str) -> bool:
+    """Whether the ``split`` dataset of a composed VISSL config hands :class:`EncodedImage` to its
+    transform: ``DEVICE_AUGMENT`` ``decode`` (TRAIN), or a ``multicrop_plugin`` with ``jpeg_draft``."""
+    data = (cfg.get("DATA") or {}).get(split) or {}
+    if split == "TRAIN" and data.get("DEVICE_AUGMENT") == DECODE_ON_DEVICE:
+        return True
+    return any(hasattr(t, "get") and t.get("name") == "multicrop_plugin" and t.get(DRAFT_KEY) is True
+               for t in data.get("TRANSFORMS") or [])

@@ -24,7 +24,7 @@ from vissl_swav_plugin.config.checkers import (
 )
 from vissl_swav_plugin.config.registries import register_inferred_keys, register_launch_check, total_num_crops
 from vissl_swav_plugin.config.dataset_size import train_dataset_size
-from vissl_swav_plugin.transforms.multicrop_config import DEVICE_COLLATOR  # config.DATA.TRAIN.DEVICE_AUGMENT
+from vissl_swav_plugin.transforms.multicrop_config import DEVICE_COLLATORS  # config.DATA.TRAIN.DEVICE_AUGMENT
 from vissl_swav_plugin.models.heads import find_prototype_layers
 
 __all__ = ["ClusteringChecksMixin", "DTYPES", "INIT_BANK_FORWARDS", "infer_clustering_loss_config", "require_choice"]
@@ -99,7 +99,7 @@ def infer_clustering_loss_config(cfg, loss_cls):
             f"config.{prefix}.crops_for_mb={list(cfm)} has crop indices {bad} outside [0, {crops}) "
             f"(the train transforms give {crops} crops per image)"
         )
-    if crops is not None and cfg.DATA.TRAIN.COLLATE_FUNCTION not in ("multicrop_collator", DEVICE_COLLATOR):
+    if crops is not None and cfg.DATA.TRAIN.COLLATE_FUNCTION not in ("multicrop_collator", *DEVICE_COLLATORS):
         raise ConfigError(
             "config.DATA.TRAIN.COLLATE_FUNCTION must be multicrop_collator for a multi-crop "
             f"transform with {prefix}, got {cfg.DATA.TRAIN.COLLATE_FUNCTION!r}"

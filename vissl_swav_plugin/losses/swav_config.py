@@ -16,7 +16,7 @@ from vissl_swav_plugin.config.checkers import (
 )
 from vissl_swav_plugin.config.dataset_size import world_size_of
 from vissl_swav_plugin.config.registries import register_config_inference, register_inferred_keys, total_num_crops
-from vissl_swav_plugin.transforms.multicrop_config import DEVICE_COLLATOR  # config.DATA.TRAIN.DEVICE_AUGMENT
+from vissl_swav_plugin.transforms.multicrop_config import DEVICE_COLLATORS  # config.DATA.TRAIN.DEVICE_AUGMENT
 
 LOSS_NAME = "swav_plugin_loss"
 
@@ -139,7 +139,7 @@ def infer_swav_plugin_loss(cfg):
     crops = total_num_crops(cfg)
     if crops is not None:
         lc.num_crops = crops
-        if cfg.DATA.TRAIN.COLLATE_FUNCTION not in ("multicrop_collator", "multicrop_mixup_collator", DEVICE_COLLATOR):
+        if cfg.DATA.TRAIN.COLLATE_FUNCTION not in ("multicrop_collator", "multicrop_mixup_collator", *DEVICE_COLLATORS):
             raise ConfigError(
                 "config.DATA.TRAIN.COLLATE_FUNCTION must be multicrop_collator for a multi-crop "
                 f"transform, got {cfg.DATA.TRAIN.COLLATE_FUNCTION!r}"

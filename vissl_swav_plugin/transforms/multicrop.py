@@ -53,6 +53,7 @@ from classy_vision.dataset.transforms import register_transform
 from classy_vision.dataset.transforms.classy_transform import ClassyTransform
 from PIL import Image
 
+from vissl_swav_plugin.compat.image_modes import DECODE_ON_DEVICE, EncodedImage
 from vissl_swav_plugin.transforms.multicrop_config import (
     DEFAULT_RATIO,
     IMAGENET_MEAN,
@@ -155,7 +156,16 @@ class MultiCropPlugin(ClassyTransform):
             device normalises | ``photometric``: ``(uint8 crop, parameter row)`` pairs after the
             crop, resize and flip, the device does the rest
             (:mod:`vissl_swav_plugin.transforms.device_augment`).  Set by the config inference
-            from ``config.DATA.TRAIN.DEVICE_AUGMENT``; do not set it by hand.
+            from ``config.DATA.TRAIN.DEVICE_AUGMENT``; do not set it by hand.  ``decode``:
+            ``(image, parameter row)`` pairs, the image undecoded where it is a JPEG
+            (:mod:`vissl_swav_plugin.transforms.device_decode`): the device decodes, crops, resizes
+            and does the rest.
+        jpeg_draft: False (default, the official code's full decode) | True: a JPEG read from
+            disk is decoded by the worker at 1/2, 1/4 or 1/8 of its size (JPEG's reduced-size
+            decode, PIL's ``draft``) when every crop's box is at least that many times its output
+            side, the boxes drawn on the full size as always; a crop differs from the full
+            decode's by the smoothing of the DCT's downscale.  Needs ``multicrop_plugin`` first in
+            the transforms (it receives the file undecoded).
 
     Raises:
         MultiCropConfigError: a wrong argument; the message names the key.
@@ -191,14 +201,17 @@ class MultiCropPlugin(ClassyTransform):
         color_warmup_strength: Any = None,
         color_warmup_schedule: str = WARMUP_STEP,
         device_augment: str = "off",
+        jpeg_draft: bool = False,
     ):
         p = validate_params(
             num_crops, size_crops, crop_scales, crop_ratios, total_num_crops, flip_p,
             color_strength, color_jitter_p, grayscale_p, blur_p, blur_sigma, blur_kernel_frac,
             mean, std, to_tensor, interpolation, normalize, min_std, color_warmup_iters,
-            color_warmup_strength, color_warmup_schedule, device_augment,
+            color_warmup_strength, color_warmup_schedule, device_augment, jpeg_draft,
         )
         self.device_augment = p.device_augment
+        self.jpeg_draft = p.jpeg_draft
+        self.interpolation = interpolation
         counts, sizes, scales, ratios = p.counts, p.sizes, p.scales, p.ratios
         self.num_crops = counts
         self.size_crops = sizes
@@ -391,15 +404,20 @@ class MultiCropPlugin(ClassyTransform):
             TypeError: ``image`` is not a PIL image (e.g. a tensor from an earlier
                 ``ToTensor``).
         """
-        if not isinstance(image, Image.Image):
+        encoded = isinstance(image, EncodedImage)
+        if not encoded and not isinstance(image, Image.Image):
             raise TypeError(
                 f"{TRANSFORM_NAME} expects a PIL image (put it first in DATA.*.TRANSFORMS), "
                 f"got {type(image).__name__}"
             )
-        if image.mode != "RGB":
+        if not encoded and image.mode != "RGB":
             image = image.convert("RGB")
         p = self.sample_params(image.width, image.height)
         flips = p["flip"].tolist()
+        if self.device_augment == DECODE_ON_DEVICE:
+            return self._for_device_decode(image, p)
+        if encoded:
+            image, p = self._decode(image, p)
         if self.device_augment == "photometric":
             return self._geometric_only(image, p, flips)
         crops = [
@@ -421,6 +439,38 @@ class MultiCropPlugin(ClassyTransform):
         if self.device_augment == "normalize":
             return to_uint8_tensors(crops, flips, self._size_groups)
         return to_normalized_tensors(crops, flips, self._size_groups, self._offset, self._inv, self.min_std)
+
+    def draft_reduction(self, boxes: np.ndarray) -> int:
+        """The JPEG decode's reduction (1, 2, 4 or 8) for crop ``boxes`` ``[n, 4]`` with
+        ``jpeg_draft``: the largest that leaves every box at least as many pixels as its output
+        side in both directions (1 without ``jpeg_draft``)."""
+        if not self.jpeg_draft:
+            return 1
+        side = np.minimum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])
+        room = float(np.min(side / np.asarray(self._size)))
+        return next((k for k in (8, 4, 2) if room >= k), 1)
+
+    def _decode(self, image: EncodedImage, p):
+        """An undecoded image decoded in the worker (with ``jpeg_draft`` at the reduction the
+        crops allow) and the crop boxes in the decoded image's pixels."""
+        rgb = image.decode(self.draft_reduction(p["boxes"]))
+        if rgb.size != image.size:
+            sx, sy = rgb.width / image.width, rgb.height / image.height
+            p = {**p, "boxes": p["boxes"] * np.array([sx, sy, sx, sy])}
+        return rgb, p
+
+    def _for_device_decode(self, image, p) -> List[tuple]:
+        """``device_augment: decode``: per crop, ``(image, parameter row)``, the same image object
+        in every pair (:func:`vissl_swav_plugin.transforms.device_decode.image_source`) and the row of
+        :func:`vissl_swav_plugin.transforms.device_decode.pack_decode_params`."""
+        from vissl_swav_plugin.transforms.device_augment import pack_params
+        from vissl_swav_plugin.transforms.device_decode import image_source, pack_decode_params
+
+        photometric = pack_params(p["jitter"], p["factors"], p["order"], p["gray"], p["blur"], p["sigma"],
+                                  self._radius)
+        rows = pack_decode_params(p["boxes"], p["flip"], photometric)
+        source = image_source(image)
+        return [(source, row) for row in rows.unbind(0)]
 
     def _geometric_only(self, image: Image.Image, p, flips) -> List[tuple]:
         """``device_augment: photometric``: per crop, ``(uint8 [3, s, s] crop, parameter row)``:

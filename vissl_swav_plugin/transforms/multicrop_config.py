@@ -27,9 +27,13 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 WARMUP_STEP, WARMUP_LINEAR = "step", "linear"
 WARMUP_SCHEDULES = (WARMUP_STEP, WARMUP_LINEAR)
 #: the ``device_augment`` values (``config.DATA.TRAIN.DEVICE_AUGMENT``, :mod:`.device_augment`)
-DEVICE_AUGMENT_MODES = ("off", "normalize", "photometric")
+DEVICE_AUGMENT_MODES = ("off", "normalize", "photometric", "decode")
 #: the collator of ``photometric`` (``multicrop_collator`` keeping each crop's parameters)
 DEVICE_COLLATOR = "multicrop_device_collator"
+#: the collator of ``decode`` (each crop's parameters, each image once, undecoded)
+DECODE_COLLATOR = "multicrop_decode_collator"
+#: the collators the config inference sets in place of ``multicrop_collator``
+DEVICE_COLLATORS = (DEVICE_COLLATOR, DECODE_COLLATOR)
 # torchvision's RandomResizedCrop aspect-ratio range
 DEFAULT_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
@@ -64,6 +68,7 @@ KNOWN_KEYS = {
     "color_warmup_strength",
     "color_warmup_schedule",
     "device_augment",
+    "jpeg_draft",
 }
 REQUIRED_KEYS = ("num_crops", "size_crops", "crop_scales")
 
@@ -99,6 +104,7 @@ class MultiCropParams(NamedTuple):
     warmup_strength: Optional[List[float]]  #: colour-distortion strength per group during the warm-up
     warmup_schedule: str  #: ``step`` (the warm-up strength, then ``strength``) or ``linear`` (a ramp between them)
     device_augment: str = "off"  #: what the device does (``config.DATA.TRAIN.DEVICE_AUGMENT``, set by the config inference)
+    jpeg_draft: bool = False  #: decode a JPEG at 1/2, 1/4 or 1/8 of its size where every crop allows it
 
 
 def _err(key, msg):
@@ -223,6 +229,7 @@ def validate_params(
     color_warmup_strength: Any = None,
     color_warmup_schedule: str = WARMUP_STEP,
     device_augment: str = "off",
+    jpeg_draft: bool = False,
 ) -> MultiCropParams:
     """Check the ``multicrop_plugin`` arguments and normalise them per crop group.
 
@@ -285,10 +292,15 @@ def validate_params(
         raise _err("device_augment", f"must be one of {list(DEVICE_AUGMENT_MODES)}, got {device_augment!r}")
     if device_augment != "off" and not to_tensor:
         raise _err("device_augment", f"{device_augment!r} sends uint8 tensors to the device: it needs to_tensor: true")
+    if not isinstance(jpeg_draft, (bool, np.bool_)):
+        raise _err("jpeg_draft", f"must be true or false, got {jpeg_draft!r}")
+    if jpeg_draft and device_augment == "decode":
+        raise _err("jpeg_draft", "decodes in the loader workers, but device_augment 'decode' decodes on the device: "
+                                 "use one of them")
     return MultiCropParams(
         counts, sizes, scales, ratios, flip, strength, jit_p, gray_p, blur, sigma,
         blur_kernel_frac, mean, std, bool(to_tensor), RESAMPLE[interpolation], normalize, min_std,
-        warm_iters, warm_strength, warm_schedule, device_augment,
+        warm_iters, warm_strength, warm_schedule, device_augment, bool(jpeg_draft),
     )
 
 

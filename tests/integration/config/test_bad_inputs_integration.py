@@ -65,13 +65,22 @@ def test_resume_with_another_world_size_names_the_file(interrupted_checkpoint):
     assert after["model_phase0.torch"] == before["model_phase0.torch"]
 
 
-def test_corrupt_image_stops_a_real_run_naming_the_file(tmp_path):
+DECODE = ["config.DATA.TRAIN.TRANSFORMS=[{name:multicrop_plugin,total_num_crops:4,num_crops:[2,2],"
+          "size_crops:[32,16],crop_scales:[[0.14,1],[0.05,0.14]]}]", "config.DATA.TRAIN.DEVICE_AUGMENT=decode"]
+
+
+@pytest.mark.parametrize("mode", ["off", "decode"])
+def test_corrupt_image_stops_a_real_run_naming_the_file(tmp_path, mode):
+    """A truncated JPEG: decoded in a loader worker (``off``), or its header read there and its
+    body decoded in the training process (``DEVICE_AUGMENT=decode``): the same error either way."""
     root = make_image_folder(tmp_path / "imgs", per_class=8)
     bad = root / "class1" / "broken.jpg"
-    _corrupt("truncated_jpg", bad)
-    proc = run_failing_launcher(SMALL + folder_data_overrides(root) + [
+    _corrupt("truncated_jpg" if mode == "off" else "truncated_jpg_body", bad)
+    proc = run_failing_launcher(SMALL + folder_data_overrides(root) + (DECODE if mode == "decode" else []) + [
         "config.OPTIMIZER.num_epochs=1", "config.DATA.NUM_DATALOADER_WORKERS=1",
         f"config.CHECKPOINT.DIR={tmp_path / 'ck'}"], cwd=tmp_path)
     assert proc.returncode != 0
     assert "BadImageError" in proc.stdout and f"cannot read image file {bad}" in proc.stdout
-    assert "DataLoader worker" in proc.stdout  # raised in a worker, re-raised in training
+    # off: raised in a worker, re-raised in training; decode: raised by the train step
+    assert ("DataLoader worker" in proc.stdout) == (mode == "off")
+    assert ("device_augment_train_step" in proc.stdout) == (mode == "decode")

@@ -1,6 +1,7 @@
 """``config.DATA.TRAIN.DEVICE_AUGMENT``: end-to-end VISSL runs on the CPU (the launcher, one
-process, one loader worker) with the uint8 crops normalised (``normalize``) or augmented and
-normalised (``photometric``) by the plugin's train step: the tests that start processes.
+process, one loader worker) with the uint8 crops normalised (``normalize``), augmented and
+normalised (``photometric``), or decoded, cropped, augmented and normalised (``decode``) by the
+plugin's train step: the tests that start processes.
 
 The in-process tests are in ``tests/unit/transforms/test_device_augment.py``."""
 import json
@@ -9,21 +10,28 @@ import numpy as np
 import pytest
 
 import vissl  # noqa: F401  (registers the plugin)
-from testkit import SMALL_TRUNK, STOCK_LAUNCHER, run_launcher
+from testkit import SMALL_TRUNK, STOCK_LAUNCHER, folder_data_overrides, make_image_folder, run_launcher
 
 TRANSFORMS = ("[{name:multicrop_plugin,total_num_crops:4,num_crops:[2,2],size_crops:[40,24],"
               "crop_scales:[[0.14,1],[0.05,0.14]],color_jitter_p:0.8,grayscale_p:0.2,blur_p:0.5}]")
 
 
-@pytest.mark.parametrize("mode", ["normalize", "photometric"])
-def test_quick_cpu_trains_with_device_augment(tmp_path, mode):
-    """The quick CPU config (SwAV, synthetic images) for one epoch with the key set: the config
-    inference picks the train step (and, for ``photometric``, the collator), the loader worker
-    sends uint8 crops (the ResNet would reject them: the step must have converted them) and
-    every iteration's loss is finite."""
+COLLATORS = {"normalize": "multicrop_collator", "photometric": "multicrop_device_collator",
+             "decode": "multicrop_decode_collator"}
+
+
+@pytest.mark.parametrize("mode, data", [("normalize", "synthetic"), ("photometric", "synthetic"),
+                                        ("decode", "synthetic"), ("decode", "jpeg_folder")])
+def test_quick_cpu_trains_with_device_augment(tmp_path, mode, data):
+    """The quick CPU config (SwAV) for one epoch with the key set: the config inference picks the
+    train step and the collator, the loader worker sends uint8 crops, or (``decode``) the images
+    with the crops' parameters -- JPEG files undecoded, synthetic images as pixels -- (the ResNet
+    would reject them: the step must have converted them) and every iteration's loss is finite."""
     ckpt = tmp_path / "ckpt"
+    source = [] if data == "synthetic" else [*folder_data_overrides(make_image_folder(
+        tmp_path / "imgs", per_class=8, ext="jpg")), "config.DATA.TRAIN.DATA_LIMIT=-1"]
     proc = run_launcher([
-        "config=test/swav_plugin/quick_cpu", *SMALL_TRUNK,
+        "config=test/swav_plugin/quick_cpu", *SMALL_TRUNK, *source,
         f"config.DATA.TRAIN.TRANSFORMS={TRANSFORMS}",
         f"config.DATA.TRAIN.DEVICE_AUGMENT={mode}",
         "config.DATA.NUM_DATALOADER_WORKERS=1",
@@ -32,7 +40,7 @@ def test_quick_cpu_trains_with_device_augment(tmp_path, mode):
         f"config.CHECKPOINT.DIR={ckpt}",
     ], cwd=tmp_path, launcher=STOCK_LAUNCHER)
     log = proc.stdout
-    collator = "multicrop_device_collator" if mode == "photometric" else "multicrop_collator"
+    collator = COLLATORS[mode]
     assert f"device_augment_train_step: config.DATA.TRAIN.DEVICE_AUGMENT={mode} on cpu, collator {collator}" in log
     rows = [json.loads(line) for line in (ckpt / "stdout.json").read_text().splitlines()]
     assert [r["iter"] for r in rows] == list(range(16 // 4))
