@@ -33,6 +33,10 @@ out of time is recorded as an error in the JSON and the others still run):
                     loader), uint8 crops, loader workers, hooks off, synchronous copy, LARC off,
                     log frequency; images/s, ratio to the baseline and to the bare step (timed in
                     the same section), a torch.profiler summary of the baseline and the replay.
+``worker_stages``   Where a loader worker's time goes per ``DATA.TRAIN.DEVICE_AUGMENT`` mode, on the
+                    card's host (``benchmarks/bench_worker_stages.py``, run as a script; batch 64):
+                    ms per image per stage in one worker, bytes per batch, the device side per batch
+                    of 64 on CUDA, and that against the ResNet-50 step of ``train_step``.
 ``flagship``        ``pretrain/swav/swav_8node_resnet`` on one GPU (only NUM_NODES and
                     NUM_PROC_PER_NODE changed) for 100 iterations on generated JPEGs
                     (``benchmarks/loop_variants.py --flagship``): finite,
@@ -66,20 +70,22 @@ from vissl_swav_plugin.utils import benchmarking as bm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-SECTIONS = ("sinkhorn", "train_step", "step_variants", "pretrain", "input_pipeline", "loop_variants", "flagship",
-            "demo")
+SECTIONS = ("sinkhorn", "train_step", "step_variants", "pretrain", "input_pipeline", "loop_variants",
+            "worker_stages", "flagship", "demo")
 # a GPU run without --sections: these, whose limits add up to 535 s (8.9 min), so that one
-# command of at most 10 minutes measures them all; pretrain (300 s) and demo (900 s) are named
-# with --sections.  The dry run runs every section.
+# command of at most 10 minutes measures them all; pretrain (300 s), worker_stages (90 s) and demo
+# (900 s) are named with --sections.  The dry run runs every section.
 DEFAULT_SECTIONS = ("sinkhorn", "train_step", "step_variants", "input_pipeline", "loop_variants", "flagship")
 # wall-clock limit of each section's subprocess, seconds (GPU run / dry run).  The dry run
 # checks the code path, not the time: on a loaded CI machine its sections take many times
 # their idle 5-20 s, so its limit is only a bound for a hang
 LIMITS = {"sinkhorn": (40, 1800), "train_step": (60, 1800), "step_variants": (75, 1800), "pretrain": (300, 1800),
-          "input_pipeline": (60, 1800), "loop_variants": (225, 1800), "flagship": (75, 1800), "demo": (900, 1800)}
+          "input_pipeline": (60, 1800), "loop_variants": (225, 1800), "worker_stages": (90, 1800),
+          "flagship": (75, 1800), "demo": (900, 1800)}
 # the sections measured by another benchmark, run as a script: (script, its options); each writes
 # its record with --json, the section's figures under "results"
 SCRIPT_SECTIONS = {"step_variants": ("step_variants.py", []), "loop_variants": ("loop_variants.py", []),
+                   "worker_stages": ("bench_worker_stages.py", ["--images", "128", "--batch", "64", "--rounds", "2"]),
                    "flagship": ("loop_variants.py", ["--flagship"])}
 FASHION_MNIST = os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
 FM_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -555,6 +561,18 @@ def markdown(doc):
                 f"({s['images']['sizes']}): baseline / bare step images/s",
                 f"{_f(s['baseline_images_per_s'], '{:.0f}')} / {_f(s['bare_step_images_per_s'], '{:.0f}')}",
                 "table below")
+        elif name == "worker_stages":
+            step_ms = (r.get("train_step") or {}).get("ours_ms")
+            for mode, v in s.items():
+                if not isinstance(v, dict) or "worker_ms_per_image" not in v:
+                    continue
+                b = v["per_batch"]
+                dev_ms = b.get("device_ms_cuda", b.get("device_ms_cpu"))
+                row(name, f"`{mode}`: worker ms per image (images/s per core); MB per batch; device side ms "
+                    "per batch (its share of the step)",
+                    f"{_f(v['worker_ms_per_image'])} ({_f(v['images_per_s_per_core'], '{:.0f}')}); {_f(b.get('mb'), '{:.1f}')}; "
+                    f"{_f(dev_ms, '{:.1f}')}" + (f" ({dev_ms / step_ms:.2f} of {step_ms:.1f} ms)" if step_ms and dev_ms else ""),
+                    "decode: <= 1/10 of off's worker time" if mode == "decode" else "")
         elif name == "flagship":
             run_rows(name, s, f"{s['config']} ({s['overrides']}), batch {s['batch']}, {s['iterations']} it")
         elif name == "demo":

@@ -437,6 +437,10 @@ def variants(dry, cores):
         ("uint8_crops", ["+config.DATA.TRAIN.DEVICE_AUGMENT=normalize"],
          "crops sent as uint8, normalised on the device",
          dict(optional=True, alternatives=[["config.DATA.TRAIN.DEVICE_AUGMENT=normalize"]])),
+        ("photometric", ["config.DATA.TRAIN.DEVICE_AUGMENT=photometric"],
+         "uint8 crops after crop, resize and flip; colour jitter, grayscale, blur and normalisation on the device", {}),
+        ("decode", ["config.DATA.TRAIN.DEVICE_AUGMENT=decode"],
+         "JPEG bytes and the crops' parameters sent; decode (nvJPEG), crops and the rest on the device", {}),
     ]
     for n in dict.fromkeys(worker_counts):
         rows.append((f"workers_{n}", [f"config.DATA.NUM_DATALOADER_WORKERS={n}"], "loader workers", {}))

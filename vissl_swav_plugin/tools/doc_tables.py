@@ -254,7 +254,9 @@ def _command(rec) -> str:
 # ------------------------------------------------------------------------------------------
 EXP = "docs/experiments"
 EPOCH_PAUSE = f"{EXP}/epoch_pause_cpu_2026-11-26.json"
-DEVICE_AUGMENT = f"{EXP}/device_augment_cpu_2026-11-26.json"
+DEVICE_AUGMENT = f"{EXP}/device_augment_cpu_2026-11-27.json"
+WORKER_STAGES = f"{EXP}/worker_stages_cpu_2026-11-27.json"
+WORKER_STAGES_4000PX = f"{EXP}/worker_stages_4000px_cpu_2026-11-27.json"
 DEMO_BF16 = f"{EXP}/demo_bf16_2026-11-26.json"
 DEMO_ONE_PROCESS = f"{EXP}/demo_one_process_2026-11-26.json"
 DEMO_PROTOCOLS = f"{EXP}/demo_protocols_2026-11-26.json"
@@ -371,6 +373,53 @@ def device_augment(_old="") -> str:
         device = f"{v['device_ms_per_batch_cpu']:.0f}" if v["device_ms_per_batch_cpu"] else "—"
         lines.append(row(f"`{mode}`", mb, ms, device))
     return "\n".join(lines)
+
+
+# --- where a loader worker's time goes (docs/gpu.md) -----------------------------------------
+WORKER_STAGE_ROWS = ("read+decode", "draw", "crop+resize", "colour", "blur", "to tensor", "other", "collate")
+
+
+def _worker_stages(path: str) -> str:
+    """benchmarks/bench_worker_stages.py's record: ms per image per stage in one worker, for
+    each variant, and the per-batch figures of the main process."""
+    rec = record(path)
+    m, r = rec["machine"], rec["results"]
+    names = list(r)
+    size = f"scaled to {rec['long_side']} px on the longer side" if rec.get("long_side") else "of ImageNet's sizes"
+    lines = [f"Measured on {m['cpu']} ({m['cores']} cores; Python {m['python']}, torch {m['torch']}), "
+             f"{rec['date'][:10]}, {rec['images']} generated JPEGs {size} ({rec['jpeg_kb']:.0f} kB on average), "
+             f"{rec['rounds']} rounds (medians):", "", "```bash", _command(rec), "```", "",
+             head("ms per image in one worker", *(f"`{n}`" for n in names))]
+    for stage in WORKER_STAGE_ROWS:
+        lines.append(row(stage, *(f"{r[n]['ms_per_image'][stage]:.2f}" for n in names)))
+    off = r["off"]["worker_ms_per_image"]
+    lines.append(row("**worker, in all**", *(f"**{r[n]['worker_ms_per_image']:.2f}**" for n in names)))
+    lines.append(row("images/s per core", *(
+        f"{r[n]['images_per_s_per_core']:.0f}" + ("" if n == "off" else f" ({off / r[n]['worker_ms_per_image']:.1f}x)")
+        for n in names)))
+    lines.append(row(f"MB per batch of {rec['batch']}", *(f"{r[n]['per_batch']['mb']:.1f}" for n in names)))
+    threads = rec["cpu_threads_device_side"]
+    lines.append(row(f"device side on the CPU ({threads} thread{'s' * (threads > 1)}), ms per batch",
+                     *(f"{r[n]['per_batch']['device_ms_cpu']:.0f}" if r[n]["per_batch"]["device_ms_cpu"] else "—"
+                       for n in names)))
+    if any("device_ms_cuda" in r[n]["per_batch"] for n in names):
+        lines.append(row(f"device side on {m['card']}, ms per batch",
+                         *(f"{r[n]['per_batch'].get('device_ms_cuda', 0):.1f}" for n in names)))
+        lines.append(row("pinning the batch (main process), ms per batch",
+                         *(f"{r[n]['per_batch'].get('pin_ms', 0):.1f}" for n in names)))
+    return "\n".join(lines)
+
+
+@table("worker_stages", WORKER_STAGES)
+def worker_stages(_old="") -> str:
+    """Where a worker's time goes, each mode, on ImageNet-sized JPEGs."""
+    return _worker_stages(WORKER_STAGES)
+
+
+@table("worker_stages_4000px", WORKER_STAGES_4000PX)
+def worker_stages_4000px(_old="") -> str:
+    """The same on camera-sized JPEGs (``jpeg_draft``'s case)."""
+    return _worker_stages(WORKER_STAGES_4000PX)
 
 
 # --- bf16 autocast in the demo (docs/demo.md, README.md) -------------------------------------

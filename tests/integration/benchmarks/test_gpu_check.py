@@ -13,8 +13,8 @@ import pytest
 from testkit import REPO, run_script
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
-SECTIONS = ("sinkhorn", "train_step", "step_variants", "pretrain", "input_pipeline", "loop_variants", "flagship",
-            "demo")
+SECTIONS = ("sinkhorn", "train_step", "step_variants", "pretrain", "input_pipeline", "loop_variants",
+            "worker_stages", "flagship", "demo")
 
 
 def _run(out, *extra, timeout=3000):  # a bound for a hang, not a speed requirement
@@ -76,8 +76,8 @@ def test_loop_variants_record(dry_run):
     _, doc, md = dry_run
     lv = doc["results"]["loop_variants"]
     names = [v["variant"] for v in lv["variants"]]
-    for name in ("baseline", "replay", "uint8_crops", "hooks_off", "sync_copy", "larc_off", "log_every_1",
-                 "log_every_100"):
+    for name in ("baseline", "replay", "uint8_crops", "photometric", "decode", "hooks_off", "sync_copy", "larc_off",
+                 "log_every_1", "log_every_100"):
         assert name in names, name
     assert any(n.startswith("workers_") for n in names)
     by = {v["variant"]: v for v in lv["variants"]}
@@ -106,6 +106,23 @@ def test_loop_variants_record(dry_run):
     ops = lambda name: " ".join(r["op"] for r in by[name]["profile"]["top_self_cpu"])  # noqa: E731
     assert "DataLoader" not in ops("replay")
     assert "## loop_variants: VISSL's training loop" in md and "| replay |" in md
+
+
+def test_worker_stages_record(dry_run):
+    """Every mode's stages add up to its worker time, its rate is made of that time, and the
+    device side ran for each mode but off; the table has a row per mode."""
+    _, doc, md = dry_run
+    ws = doc["results"]["worker_stages"]
+    assert set(ws) - {"section_s"} == {"off", "off+jpeg_draft", "normalize", "photometric", "decode"}
+    for mode in ("off", "off+jpeg_draft", "normalize", "photometric", "decode"):
+        v = ws[mode]
+        assert v["worker_ms_per_image"] == pytest.approx(sum(v["ms_per_image"].values()))
+        assert v["images_per_s_per_core"] == pytest.approx(1e3 / v["worker_ms_per_image"])
+        assert _positive(v["per_batch"]["mb"])
+        assert (v["per_batch"]["device_ms_cpu"] > 0) == (mode not in ("off", "off+jpeg_draft")), mode
+        assert f"| worker_stages | `{mode}`:" in md
+    # decode sends the files: no crop, colour or blur work in its workers
+    assert all(ws["decode"]["ms_per_image"][s] == 0 for s in ("crop+resize", "colour", "blur"))
 
 
 def test_step_variants_record(dry_run):
