@@ -31,8 +31,8 @@ import time
 
 import torch
 
-from vissl_swav_plugin.tools import bench_recipes as br
-from vissl_swav_plugin.utils import benchmarking as bm
+import recipes as br
+import benchmarking as bm
 
 VARIANTS = {  # name: (DEPTH, CHANNELS_LAST, bf16 autocast, WIDTH)
     "r18-nchw-bf16": (18, False, True, 16),
@@ -46,7 +46,7 @@ RECIPE = "r10-cl-fp32"  # the demo's trunk now
 
 @functools.lru_cache(maxsize=None)
 def demo_recipe():
-    """The demo config's recipe (:func:`vissl_swav_plugin.tools.bench_recipes.recipe`)."""
+    """The demo config's recipe (:func:`recipes.recipe`)."""
     return br.recipe(br.DEMO_CONFIG)
 
 

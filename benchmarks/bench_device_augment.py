@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vissl_swav_plugin.tools import bench_recipes as br
-from vissl_swav_plugin.utils import benchmarking as bm
+import recipes as br
+import benchmarking as bm
 
 MODES = ("off", "normalize", "photometric")
 

@@ -32,8 +32,8 @@ import os
 import sys
 import tempfile
 
-from vissl_swav_plugin.tools import bench_recipes as br
-from vissl_swav_plugin.utils import benchmarking as bm
+import recipes as br
+import benchmarking as bm
 
 #: the recipes: the paper's transform as ``pretrain/swav/swav_1gpu_resnet`` ships it, and the
 #: same with small crops

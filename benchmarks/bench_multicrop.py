@@ -22,8 +22,8 @@ import time
 import numpy as np
 import torch
 
-from vissl_swav_plugin.tools import bench_recipes as br
-from vissl_swav_plugin.utils import benchmarking as bm
+import recipes as br
+import benchmarking as bm
 
 RECIPES = {"2x224+6x96": None, "2x32+4x16": [(2, 32), (4, 16)]}
 

@@ -11,7 +11,7 @@ scaling form: two matrix-vector products per iteration).  Both get the same scor
 similarities of L2-normalised 128-D embeddings and prototypes (values in [-1, 1], as in
 SwAV), B x K.  Rounds alternate ours / theirs so that machine load hits both alike;
 ``--warmup`` rounds first (dropped), then the median over ``--repeats`` rounds
-(:mod:`vissl_swav_plugin.utils.benchmarking`).  CPU threads:
+(:mod:`benchmarking`, beside this script).  CPU threads:
 ``torch.set_num_threads(--threads)`` (default: every core of the machine).
 
 Low precision (``--dtypes``): the scores are given in bf16/fp16 (as under autocast).  VISSL
@@ -31,8 +31,8 @@ import sys
 
 import torch
 
-from vissl_swav_plugin.tools.bench_recipes import vissl_sinkhorn as vissl_path  # noqa: F401 (gpu_check's name)
-from vissl_swav_plugin.utils import benchmarking as bm
+from recipes import vissl_sinkhorn as vissl_path  # noqa: F401 (gpu_check's name)
+import benchmarking as bm
 
 
 def ours_path(scores, eps, niters):

@@ -52,8 +52,8 @@ import time
 import numpy as np
 import torch
 
-from vissl_swav_plugin.tools import bench_recipes as br
-from vissl_swav_plugin.utils import benchmarking as bm
+import recipes as br
+import benchmarking as bm
 from vissl_swav_plugin.utils.cpu_features import bf16_matrix_units, cpu_flags, cpu_model, native_bf16  # noqa: F401 (used and re-exported)
 
 PHASES = ("data", "forward", "loss (no Sinkhorn)", "Sinkhorn", "backward", "optimiser", "all-reduce")
@@ -62,7 +62,7 @@ ALL_VARIANTS = ("nchw", "threads2", "bf16", "compile", "no-finite-check", "bf16-
 
 @functools.lru_cache(maxsize=None)
 def demo_recipe():
-    """The demo config's recipe (:func:`vissl_swav_plugin.tools.bench_recipes.recipe`)."""
+    """The demo config's recipe (:func:`recipes.recipe`)."""
     return br.recipe(br.DEMO_CONFIG)
 
 

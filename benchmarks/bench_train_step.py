@@ -43,8 +43,8 @@ import time
 
 import torch
 
-from vissl_swav_plugin.tools import bench_recipes as br
-from vissl_swav_plugin.utils import benchmarking as bm
+import recipes as br
+import benchmarking as bm
 
 
 def loss_fwd_bwd_ms(runner, batch, repeats):

@@ -38,8 +38,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from vissl_swav_plugin.tools import bench_recipes as br
-from vissl_swav_plugin.utils import benchmarking as bm
+import recipes as br
+import benchmarking as bm
 
 VARIANTS = ("off", "off+jpeg_draft", "normalize", "photometric", "decode")
 STAGES = ("read+decode", "draw", "crop+resize", "colour", "blur", "to tensor", "other", "collate")

@@ -40,9 +40,9 @@ import time
 
 import numpy as np
 
-from vissl_swav_plugin.tools import bench_recipes as br
-from vissl_swav_plugin.tools.bench_recipes import compose
-from vissl_swav_plugin.utils import benchmarking as bm
+import recipes as br
+from recipes import compose
+import benchmarking as bm
 
 #: the variants stop starting this many seconds before ``--limit`` (imports, image writing and the
 #: last variant's clean-up)

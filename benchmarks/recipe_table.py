@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from vissl_swav_plugin.utils import benchmarking as bm
+import benchmarking as bm
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_DIR = re.compile(r"^(quick|full)_(.+)_s(\d+)$")

@@ -3,7 +3,7 @@ step, the plugin's step, and the plugin's step with channels-last memory format 
 and with ``torch.backends.cudnn.benchmark`` on.  ``benchmarks/gpu_check.py`` runs it as its section
 ``step_variants``.
 
-Every variant is a VISSL task of the SwAV pair (:func:`vissl_swav_plugin.tools.bench_recipes.pair_runner`:
+Every variant is a VISSL task of the SwAV pair (:func:`recipes.pair_runner`:
 VISSL's ``SelfSupervisionTrainer`` -> task -> DDP, hooks from ``default_hook_generator``, as
 ``benchmarks/bench_train_step.py``; the model, crops and batch of ``swav_1gpu_resnet``, read from the
 config), with LARC on (``OPTIMIZER.use_larc=True``, as
@@ -24,8 +24,8 @@ import tempfile
 
 import torch
 
-from vissl_swav_plugin.tools import bench_recipes as br
-from vissl_swav_plugin.utils import benchmarking as bm
+import recipes as br
+import benchmarking as bm
 
 VARIANTS = ("vissl", "ours", "ours_channels_last", "ours_cudnn_benchmark")
 

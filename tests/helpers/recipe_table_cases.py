@@ -1,16 +1,12 @@
 """Definitions shared by ``tests/unit/demo/test_recipe_table.py`` and its integration part."""
-import importlib.util
 import json
 import math
-from testkit import REPO
+from testkit import load_script
 from vissl_swav_plugin.hooks.collapse_report import epoch_line
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("recipe_table", REPO / "benchmarks" / "recipe_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/recipe_table.py")
 
 def _fake_run(out, name, extra, knn20, used=97, K=100):
     """A finished demo run folder: the report's fields the table reads, and a training log whose

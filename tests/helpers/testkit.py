@@ -124,6 +124,29 @@ def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER
     return Path(log_path).read_text()
 
 
+def load_script(relpath):
+    """A checkout's file outside the package (``tools/doc_tables.py``, ``benchmarks/*.py``: not in
+    the wheel, not importable by name) as a module, loaded once under its file's stem.  Its folder
+    is appended to ``sys.path``, so that it imports its neighbours as ``python SCRIPT`` lets it
+    (a benchmark imports ``recipes`` and ``benchmarking``)."""
+    import importlib.util
+
+    path = REPO / relpath
+    loaded = sys.modules.get(path.stem)
+    if loaded is not None and Path(getattr(loaded, "__file__", "")).resolve() == path:
+        return loaded
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[path.stem]
+        raise
+    return module
+
 def make_image_folder(root, classes=2, per_class=8, size=32, seed=0, ext="png"):
     """A small ImageFolder of distinct random-texture images: root/<class>/<i>.<ext> (``png``, or
     ``jpg`` for JPEGs of quality 90)."""

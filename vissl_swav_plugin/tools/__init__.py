@@ -12,7 +12,8 @@ console script                        module (``main(argv)``)
 ``swav-plugin-to-detectron2``         :mod:`.to_detectron2`: trunk weights for detectron2
 ====================================  =========================================================
 
-In a checkout, ``tools/*.py`` are thin entry points to the same code.  (This package is
+In a checkout, ``tools/*.py`` are thin entry points to the same code, but for ``tools/doc_tables.py``
+(the documentation's table generator: a checkout's tool, not in the wheel).  (This package is
 ``vissl_swav_plugin.tools``; the repository's top-level ``tools/`` is not a package: VISSL
 owns that name.)
 """

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from testkit import REPO, run_script
+from testkit import REPO, load_script, run_script
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 SECTIONS = ("sinkhorn", "train_step", "step_variants", "pretrain", "input_pipeline", "loop_variants",
@@ -159,11 +159,7 @@ def test_flagship_record(dry_run):
 def test_default_gpu_sections_fit_one_call():
     """A GPU run without --sections fits one call of at most 10 minutes: its sections' limits
     add up to at most 9 minutes (the rest: installing the bundle)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_check_limits", SCRIPT)
-    gc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gc)
+    gc = load_script("benchmarks/gpu_check.py")
     assert set(gc.DEFAULT_SECTIONS) <= set(gc.SECTIONS) == set(SECTIONS)
     assert sum(gc.LIMITS[s][0] for s in gc.DEFAULT_SECTIONS) <= 540
     assert {"loop_variants", "flagship", "step_variants"} <= set(gc.DEFAULT_SECTIONS)
@@ -237,11 +233,7 @@ def test_demo_seeds_run_at_once_and_are_averaged(dry_run):
 def test_demo_gets_an_absolute_data_path(tmp_path, monkeypatch):
     """The demo runs in a temporary folder: a relative --fashion-mnist (``make gpu-check``
     passes ``offline_bundle/fashion-mnist``) must reach it as the same folder, absolute."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_check_module", SCRIPT)
-    gc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gc)
+    gc = load_script("benchmarks/gpu_check.py")
     (tmp_path / "bundle" / "fm").mkdir(parents=True)
     for name in gc.FM_FILES:
         (tmp_path / "bundle" / "fm" / name).write_bytes(b"")

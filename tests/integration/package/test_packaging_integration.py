@@ -2,12 +2,81 @@
 
 The in-process tests are in ``tests/unit/package/test_packaging.py``.
 """
+import ast
+import configparser
 import subprocess
 import sys
 import zipfile
 
 
 from testkit import REPO
+
+
+def wheel_modules(whl):
+    """``{dotted module name: source}`` of the wheel's Python files."""
+    out = {}
+    with zipfile.ZipFile(whl) as z:
+        for name in z.namelist():
+            if name.endswith(".py"):
+                dotted = name[:-3].replace("/", ".")
+                out[dotted[:-len(".__init__")] if dotted.endswith(".__init__") else dotted] = z.read(name).decode()
+    return out
+
+
+def referenced_modules(name, source, modules):
+    """The wheel's modules that module ``name`` imports (at any depth of its code, relative
+    imports included, ``from package import submodule`` too) or names in a string (what
+    ``importlib.import_module`` is given: the component and patch lists)."""
+    package = name if f"{name}.__init__" in modules or any(m.startswith(name + ".") for m in modules) else \
+        name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)
+    return {m for m in found if m in modules}
+
+
+#: modules users run by a command that is neither a console script nor the start-up hook
+COMMAND_MODULES = {
+    "vissl_swav_plugin.tools.torchrun": "torchrun ... -m vissl_swav_plugin.tools.torchrun (docs/launching.md)",
+    "vissl_swav_plugin.tools.small_sets": "python tools/make_small_sets.py (docs/demo.md: the demo's other data sets)",
+}
+
+
+def test_every_module_in_the_wheel_is_reachable_from_the_entry_points(tmp_path):
+    """The wheel holds the product only: every module is imported, directly or not, by the
+    start-up hook (the .pth file's module, which registers the components), the package, or a
+    console script. Tooling that only tests, benchmarks or docs use lives outside the package."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(REPO)], check=True, cwd=tmp_path)
+    (whl,) = tmp_path.glob("vissl_swav_plugin-*.whl")
+    modules = wheel_modules(whl)
+    with zipfile.ZipFile(whl) as z:
+        pth = z.read("vissl_swav_plugin.pth").decode()
+        entry_points = configparser.ConfigParser()
+        entry_points.read_string(next(z.read(n).decode() for n in z.namelist() if n.endswith("entry_points.txt")))
+    roots = {"vissl_swav_plugin"} | {m for m in modules if f'"{m}"' in pth}
+    roots |= {value.split(":")[0].strip() for value in entry_points["console_scripts"].values()}
+    roots |= set(COMMAND_MODULES)
+    assert len(roots) > 3 and roots <= set(modules), roots
+    reached, todo = set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        parents = {name.rsplit(".", k)[0] for k in range(1, name.count(".") + 1)}
+        todo.extend(parents | referenced_modules(name, modules[name], modules))
+    assert sorted(set(modules) - reached) == []
 
 
 def test_wheel_contents(tmp_path):

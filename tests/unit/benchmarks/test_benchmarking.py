@@ -1,4 +1,4 @@
-"""The benchmarks' harness (``vissl_swav_plugin/utils/benchmarking.py``) against fake timed
+"""The benchmarks' harness (``benchmarks/benchmarking.py``) against fake timed
 functions: the order the candidates run in, what is kept after the warm-up, the medians and their
 spread, and the fields of the JSON record.  No wall clock is asserted on: the clocks are fakes."""
 import json
@@ -8,7 +8,9 @@ import statistics
 import pytest
 import torch
 
-from vissl_swav_plugin.utils import benchmarking as bm
+from testkit import load_script
+
+bm = load_script("benchmarks/benchmarking.py")
 
 CPUINFO = "processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx2 avx512f amx_bf16 lm\n"
 

@@ -1,12 +1,12 @@
-"""``vissl_swav_plugin/tools/bench_recipes.py``: the benchmarks read a shipped recipe from its YAML
+"""``benchmarks/recipes.py``: the benchmarks read a shipped recipe from its YAML
 (batch, crops, trunk, head, loss equal the file's), build the demo's model from it, and VISSL's own
 chain for a ``multicrop_plugin`` transform carries the same parameters."""
 import pytest
 import torch
 import yaml
 
-from testkit import REPO
-from vissl_swav_plugin.tools import bench_recipes as br
+from testkit import REPO, load_script
+br = load_script("benchmarks/recipes.py")
 
 
 def _yaml(name):

@@ -1,7 +1,7 @@
 """The benchmarks' harness (``benchmarks/*.py``): candidates run in alternation, medians and their
 spread, and the JSON record every benchmark writes (the machine, the date, the command line, the
 results).  Free of VISSL; what builds a shipped recipe's model and VISSL tasks is
-:mod:`vissl_swav_plugin.tools.bench_recipes`.
+:mod:`recipes` (beside it; neither is in the wheel).
 
 Alternation: each round runs every candidate once, the order mirrored (``A B C``, ``C B A``,
 ``A B C`` ...) or rotated (``A B C``, ``B C A``, ``C A B`` ...) from one round to the next, so that

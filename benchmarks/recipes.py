@@ -1,7 +1,7 @@
 """What the benchmarks (``benchmarks/*.py``) build through VISSL: a shipped recipe read from its
 config, the demo's trunk and head, VISSL tasks prepared as its trainer prepares them, the SwAV pair
 (the plugin's against VISSL's built-in SwAV) and VISSL's own Sinkhorn path.  The timing, the
-alternation and the JSON record are :mod:`vissl_swav_plugin.utils.benchmarking`'s.
+alternation and the JSON record are :mod:`benchmarking`'s (beside it; neither is in the wheel).
 
 A benchmark of a shipped recipe reads it here (:func:`recipe`) instead of writing its batch, crops,
 trunk, head and loss again, so that it measures what the config ships.
