@@ -258,6 +258,7 @@ EXP = "docs/experiments"
 EPOCH_PAUSE = f"{EXP}/epoch_pause_cpu_2026-11-26.json"
 DEVICE_AUGMENT = f"{EXP}/device_augment_cpu_2026-11-27.json"
 WORKER_STAGES = f"{EXP}/worker_stages_cpu_2026-11-27.json"
+DEMO_PHOTOMETRIC = f"{EXP}/demo_photometric_float32_2026-11-27.json"
 WORKER_STAGES_4000PX = f"{EXP}/worker_stages_4000px_cpu_2026-11-27.json"
 DEMO_BF16 = f"{EXP}/demo_bf16_2026-11-26.json"
 DEMO_ONE_PROCESS = f"{EXP}/demo_one_process_2026-11-26.json"
@@ -422,6 +423,36 @@ def worker_stages(_old="") -> str:
 def worker_stages_4000px(_old="") -> str:
     """The same on camera-sized JPEGs (``jpeg_draft``'s case)."""
     return _worker_stages(WORKER_STAGES_4000PX)
+
+
+# --- the quick demo with the float32 device side (docs/gpu.md) ------------------------------
+DEMO_COLUMNS = (("knn20", "20-NN"), ("linear_swav", "linear, all labels"), ("shot100_swav", "100 / class"),
+                ("shot10_swav", "10 / class"), ("shot1_swav", "1 / class"))
+
+
+@table("demo_photometric_float32", DEMO_PHOTOMETRIC)
+def demo_photometric_float32(_old="") -> str:
+    """The quick demo's figures with ``photometric`` (float32 device side), per seed and over
+    seeds, against ``off``'s; ``decode`` on seed 0."""
+    rec = record(DEMO_PHOTOMETRIC)
+    m, runs, off = rec["machine"], rec["photometric"], rec["reference_off"]["mean_sd"]
+    lines = [f"Measured on {m['cpu']} ({m['cores']} cores; Python {m['python']}, torch {m['torch']}), {rec['date']}:",
+             "", "```bash", _command(rec).replace("SEED", "0"), "```", "",
+             head("quick demo, fp32, `photometric` (float32)", *(name for _, name in DEMO_COLUMNS))]
+    for seed in sorted(runs, key=int):
+        lines.append(row(f"seed {seed}", *(f"{runs[seed][k]:.2f}" for k, _ in DEMO_COLUMNS)))
+    stats = {k: mean_sd(run[k] for run in runs.values()) for k, _ in DEMO_COLUMNS}
+    lines.append(row(f"{_seeds(runs)} (mean ± sd)", *(pm(*stats[k]) for k, _ in DEMO_COLUMNS)))
+    diffs = [(name, stats[k][0] - off[k][0], max(stats[k][1], off[k][1])) for k, name in DEMO_COLUMNS]
+    within = all(abs(d) <= sd for _, d, sd in diffs)
+    lines += ["", "Against `off`'s means in the table above: " + ", ".join(f"{d:+.2f}" for _, d, _ in diffs)
+              + " points (" + ("every one within the larger sd of the two rows" if within else
+                               spread_sentence([("", diffs)])) + "). "
+              + ("`DEVICE_AUGMENT=decode` on seed 0 gave every logged loss and every figure equal to "
+                 "`photometric`'s" if rec["decode_seed0_equals_photometric"] else
+                 "`DEVICE_AUGMENT=decode` on seed 0 differed from `photometric`")
+              + " (the demo's images are PNGs: its workers decode them and the device makes the crops)."]
+    return "\n".join(lines)
 
 
 # --- bf16 autocast in the demo (docs/demo.md, README.md) -------------------------------------
