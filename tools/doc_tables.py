@@ -245,6 +245,11 @@ def sci(x: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
+def _measured_on(m) -> str:
+    """``Measured on CPU (N cores; Python X, torch Y)`` of a record's ``machine``."""
+    return f"Measured on {m['cpu']} ({m['cores']} cores; Python {m['python']}, torch {m['torch']})"
+
+
 def _command(rec) -> str:
     """A record's command without its ``--json`` output, as run in a checkout after make venv."""
     command = rec["command"].split(" --json")[0]
@@ -287,7 +292,7 @@ def epoch_pause(_old="") -> str:
     """benchmarks/bench_epoch_pause.py's record: the wait for each epoch's first batch."""
     rec = record(EPOCH_PAUSE)
     m, r = rec["machine"], rec["results"]
-    top = (f"Measured on {m['cpu']} ({m['cores']} cores; Python {m['python']}, torch {m['torch']}), "
+    top = (_measured_on(m) + f", "
            f"{rec['date'][:10]}, device {rec['device']}:\n\n```bash\n{_command(rec)}\n```\n\n")
     n = rec["epochs"]
     rows = [f"| loader ({rec['workers']} workers, {rec['start_method']}) | "
@@ -361,7 +366,7 @@ def device_augment(_old="") -> str:
     rec = record(DEVICE_AUGMENT)
     m, r = rec["machine"], rec["results"]
     spread = max(max(v["worker_ms_all_rounds"]) / min(v["worker_ms_all_rounds"]) for v in r.values())
-    lines = [f"Measured on {m['cpu']} ({m['cores']} cores; Python {m['python']}, torch {m['torch']}), "
+    lines = [_measured_on(m) + f", "
              f"{rec['date'][:10]}, {rec['rounds']} rounds (a mode's worker times differed by up to "
              f"{spread:.1f}x between rounds):", "", "```bash", _command(rec), "```", "",
              head("mode", f"MB per batch of {rec['batch']}", "worker ms per batch",
@@ -389,7 +394,7 @@ def _worker_stages(path: str) -> str:
     m, r = rec["machine"], rec["results"]
     names = list(r)
     size = f"scaled to {rec['long_side']} px on the longer side" if rec.get("long_side") else "of ImageNet's sizes"
-    lines = [f"Measured on {m['cpu']} ({m['cores']} cores; Python {m['python']}, torch {m['torch']}), "
+    lines = [_measured_on(m) + f", "
              f"{rec['date'][:10]}, {rec['images']} generated JPEGs {size} ({rec['jpeg_kb']:.0f} kB on average), "
              f"{rec['rounds']} rounds (medians):", "", "```bash", _command(rec), "```", "",
              head("ms per image in one worker", *(f"`{n}`" for n in names))]
@@ -436,7 +441,7 @@ def demo_photometric_float32(_old="") -> str:
     seeds, against ``off``'s; ``decode`` on seed 0."""
     rec = record(DEMO_PHOTOMETRIC)
     m, runs, off = rec["machine"], rec["photometric"], rec["reference_off"]["mean_sd"]
-    lines = [f"Measured on {m['cpu']} ({m['cores']} cores; Python {m['python']}, torch {m['torch']}), {rec['date']}:",
+    lines = [_measured_on(m) + f", {rec['date']}:",
              "", "```bash", _command(rec).replace("SEED", "0"), "```", "",
              head("quick demo, fp32, `photometric` (float32)", *(name for _, name in DEMO_COLUMNS))]
     for seed in sorted(runs, key=int):

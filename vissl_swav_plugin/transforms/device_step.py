@@ -53,6 +53,11 @@ TRAIN_STEP_NAME = "device_augment_train_step"
 COLLATOR_NAME = DEVICE_COLLATOR
 STANDARD_STEP = "standard_train_step"
 STANDARD_COLLATOR = "multicrop_collator"
+def _transform_names(transforms) -> list:
+    """The names of config transform entries, for an error message (an entry without one as it is)."""
+    return [t.get("name") if hasattr(t, "get") else t for t in transforms]
+
+
 #: the collator each mode needs in place of multicrop_collator
 _COLLATORS = {PHOTOMETRIC: COLLATOR_NAME, DECODE_ON_DEVICE: DECODE_COLLATOR}
 _STEP_KEY = "TRAINER.TRAIN_STEP_NAME"
@@ -87,7 +92,7 @@ def infer_device_augment(cfg):
                 raise ConfigError(
                     f"config.DATA.{split}.TRANSFORMS[{i}].{DRAFT_KEY}: true hands {TRANSFORM_NAME} the undecoded "
                     f"file, so it must be the first transform; before it: "
-                    f"{[u.get('name') if hasattr(u, 'get') else u for u in cfg.DATA[split].TRANSFORMS[:i]]}")
+                    f"{_transform_names(cfg.DATA[split].TRANSFORMS[:i])}")
             if not hasattr(t, "get") or t.get("name") != TRANSFORM_NAME or "device_augment" not in t:
                 continue
             want = mode if split == "TRAIN" else OFF
@@ -106,11 +111,11 @@ def infer_device_augment(cfg):
         raise ConfigError(
             f"config.{KEY}={mode!r} needs exactly one {TRANSFORM_NAME}, the last transform of "
             f"config.DATA.TRAIN.TRANSFORMS (its crops go to the device as uint8); got "
-            f"{[t.get('name') if hasattr(t, 'get') else t for t in transforms]}")
+            f"{_transform_names(transforms)}")
     if mode == DECODE_ON_DEVICE and len(transforms) != 1:
         raise ConfigError(
             f"config.{KEY}={mode!r} hands {TRANSFORM_NAME} the undecoded file, so it must be the only transform "
-            f"of config.DATA.TRAIN.TRANSFORMS; got {[t.get('name') if hasattr(t, 'get') else t for t in transforms]}")
+            f"of config.DATA.TRAIN.TRANSFORMS; got {_transform_names(transforms)}")
     entry = transforms[hits[0]]
     if entry.get("to_tensor", True) is not True:
         raise ConfigError(f"config.{KEY}={mode!r} needs config.DATA.TRAIN.TRANSFORMS[{hits[0]}].to_tensor: true")

@@ -13,22 +13,23 @@ from testkit import REPO
 
 
 def wheel_modules(whl):
-    """``{dotted module name: source}`` of the wheel's Python files."""
+    """``{dotted module name: (source, is a package)}`` of the wheel's Python files."""
     out = {}
     with zipfile.ZipFile(whl) as z:
         for name in z.namelist():
             if name.endswith(".py"):
                 dotted = name[:-3].replace("/", ".")
-                out[dotted[:-len(".__init__")] if dotted.endswith(".__init__") else dotted] = z.read(name).decode()
+                package = dotted.endswith(".__init__")
+                out[dotted[:-len(".__init__")] if package else dotted] = (z.read(name).decode(), package)
     return out
 
 
-def referenced_modules(name, source, modules):
+def referenced_modules(name, modules):
     """The wheel's modules that module ``name`` imports (at any depth of its code, relative
     imports included, ``from package import submodule`` too) or names in a string (what
     ``importlib.import_module`` is given: the component and patch lists)."""
-    package = name if f"{name}.__init__" in modules or any(m.startswith(name + ".") for m in modules) else \
-        name.rpartition(".")[0]
+    source, is_package = modules[name]
+    package = name if is_package else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -75,7 +76,7 @@ def test_every_module_in_the_wheel_is_reachable_from_the_entry_points(tmp_path):
             continue
         reached.add(name)
         parents = {name.rsplit(".", k)[0] for k in range(1, name.count(".") + 1)}
-        todo.extend(parents | referenced_modules(name, modules[name], modules))
+        todo.extend(parents | referenced_modules(name, modules))
     assert sorted(set(modules) - reached) == []
 
 
