@@ -17,7 +17,7 @@ usage: python benchmarks/bench_epoch_pause.py [--workers 8] [--start-method fork
           [--epochs 3] [--images 64] [--batch 4] [--device cpu] [--config test/swav_plugin/quick_cpu]
           [--json out.json]
 prints the wait per epoch of both and the ratio VISSL / plugin of the pause between epochs.  docs/gpu.md's
-table is written from a ``--json`` record in docs/experiments/ by ``tools/doc_tables.py``.
+table is a cog block written from a ``--json`` record in docs/experiments/ by ``tools/doc_tables.py``.
 """
 import argparse
 import statistics

@@ -1,7 +1,7 @@
 """The documentation is code: README.md and docs/ may name only what exists, and what they say of
 the configs and the code must hold.  The measured tables, the config tables, the compat table and
 the collapse message are not checked here: ``tools/doc_tables.py`` writes them from their sources
-and ``test_doc_tables.py`` regenerates them.
+(cog blocks) and ``test_doc_tables.py`` checks them.
 
 Each check is a function that takes the text (and what it is checked against) and returns a list
 of errors, so that the planted tests at the end can feed it a wrong path, value, flag or one of the
