@@ -115,19 +115,17 @@ def command(rec, fence=False):
     return f"```bash\n{cmd}\n```" if fence else cmd
 
 
-def spread_sentence(groups):
-    """Which differences are larger than the larger sd of the two rows compared: ``groups``
-    is ``[(label or "", [(column, difference, larger sd)])]``."""
-    parts, within = [], []
-    for label, cells in groups:
-        out = [f"{c} {d:+.2f}" for c, d, s in cells if abs(d) > s]
-        within += [c for c, d, s in cells if abs(d) <= s]
-        parts.append((f"{label}: " if label else "") + (", ".join(out) if out else "none"))
-    text = ("Outside the spread over seeds (a difference larger than the larger sd of the two rows): "
-            + "; ".join(parts) + ".")
-    if len(groups) > 1:
-        return text + " Every other difference is within it."
-    return text + (" Within it: " + ", ".join(within) + "." if within else "")
+def diff(d, sd):
+    """A difference of means, in bold where it is larger than ``sd`` (the larger sd of the two rows)."""
+    return f"**{d:+.2f}**" if abs(d) > sd else f"{d:+.2f}"
+
+
+BOLD = "Bold: a difference larger than the larger sd over seeds of the two rows."
+
+
+def figures(rows, header=("figure", "measured", "machine, date")):
+    """A table of figures, one ``(label, value, ...)`` row each."""
+    return "\n".join([head(*header)] + [row(*r) for r in rows])
 
 
 # ------------------------------------------------------------------------------------------
@@ -144,8 +142,7 @@ def epoch_pause(path):
                   f"pause between epochs (median of 1-{n - 1})")]
     lines += [row(label, *(f"{t:.2f} s" for t in r[k]["first_batch_s"]), f"{r[k]['pause_s']:.2f} s")
               for k, label in names.items()]
-    lines += ["", f"The pause between epochs: {r['vissl']['pause_s']:.2f} s with VISSL's loader, "
-                  f"{r['plugin']['pause_s']:.2f} s with the plugin's ({rec['ratio_pause_vissl_over_plugin']:.1f}x)."]
+    lines.append(row("VISSL's over the plugin's", *[""] * n, f"{rec['ratio_pause_vissl_over_plugin']:.1f}x"))
     return "\n".join(lines)
 
 
@@ -258,20 +255,18 @@ def demo_photometric_float32(path):
     against ``off``'s; ``decode`` on seed 0."""
     rec = record(path)
     runs, off = rec["photometric"], rec["reference_off"]["mean_sd"]
-    lines = [f"{measured_on(rec)[:-10]}{rec['date']}:", "", command(rec, True).replace("SEED", "0"), "",
-             head("quick demo, fp32, `photometric` (float32)", *DEMO_COLUMNS.values())]
-    lines += [row(f"seed {s}", *(f"{runs[s][k]:.2f}" for k in DEMO_COLUMNS)) for s in sorted(runs, key=int)]
     stats = {k: mean_sd(run[k] for run in runs.values()) for k in DEMO_COLUMNS}
-    lines.append(row(f"{seeds_of(runs)} (mean ± sd)", *(pm(*stats[k]) for k in DEMO_COLUMNS)))
-    diffs = [(name, stats[k][0] - off[k][0], max(stats[k][1], off[k][1])) for k, name in DEMO_COLUMNS.items()]
-    within = all(abs(d) <= sd for _, d, sd in diffs)
     decode = ("gave every logged loss and every figure equal to `photometric`'s"
               if rec["decode_seed0_equals_photometric"] else "differed from `photometric`")
-    lines += ["", "Against `off`'s means in the table above: " + ", ".join(f"{d:+.2f}" for _, d, _ in diffs)
-              + " points (" + ("every one within the larger sd of the two rows" if within else
-                               spread_sentence([("", diffs)])) + f"). `DEVICE_AUGMENT=decode` on seed 0 {decode}"
-              + " (the demo's images are PNGs: its workers decode them and the device makes the crops)."]
-    return "\n".join(lines)
+    return "\n".join([
+        f"{measured_on(rec)[:-10]}{rec['date']}:", "", command(rec, True).replace("SEED", "0"), "",
+        head("quick demo, fp32, `photometric` (float32)", *DEMO_COLUMNS.values()),
+        *(row(f"seed {s}", *(f"{runs[s][k]:.2f}" for k in DEMO_COLUMNS)) for s in sorted(runs, key=int)),
+        row(f"{seeds_of(runs)} (mean ± sd)", *(pm(*stats[k]) for k in DEMO_COLUMNS)),
+        row("minus `off`'s mean (the table above)",
+            *(diff(stats[k][0] - off[k][0], max(stats[k][1], off[k][1])) for k in DEMO_COLUMNS)), "",
+        f"{BOLD} `DEVICE_AUGMENT=decode` on seed 0 {decode} (the demo's images are PNGs: its workers decode them "
+        "and the device makes the crops)."])
 
 
 # ------------------------------------------------------------------------------------------
@@ -295,17 +290,12 @@ def demo_bf16_quality(path):
     lines = [head("`make demo`", *BF16_COLUMNS.values())]
     lines += [row(f"{label}, {seeds_of(rec[kind]['runs'])}", *(pm(*stats(kind, k)) for k in BF16_COLUMNS))
               for kind, label in BF16_ROWS.items()]
-    groups = []
-    for kind, label in BF16_DIFFS.items():
-        cells = [(col, stats(kind, k)[0] - stats("fp32", k)[0], max(stats(kind, k)[1], stats("fp32", k)[1]))
-                 for k, col in BF16_COLUMNS.items()]
-        lines.append(row(label, *(f"{d:+.2f}" for _, d, _ in cells)))
-        groups.append((label, cells))
+    lines += [row(label, *(diff(stats(kind, k)[0] - stats("fp32", k)[0], max(stats(kind, k)[1], stats("fp32", k)[1]))
+                           for k in BF16_COLUMNS)) for kind, label in BF16_DIFFS.items()]
     same = all(run["knn20_random_init"] == rec["fp32"]["runs"][seed]["knn20_random_init"]
                for kind in BF16_ROWS for seed, run in rec[kind]["runs"].items())
-    return "\n".join(lines) + "\n\n" + spread_sentence(groups) + (
-        " Each seed's random-init 20-NN is the same in every row." if same else
-        " The random-init 20-NN of a seed differs between the rows.")
+    return "\n".join(lines) + f"\n\n{BOLD} " + ("Each seed's random-init 20-NN is the same in every row." if same
+                                                else "The random-init 20-NN of a seed differs between the rows.")
 
 
 def its(runs, *names, at=460):
@@ -326,38 +316,31 @@ ROUNDS = ("speed_ab_alternated", "speed_ab_alternated_2")
 
 @table
 def demo_bf16_speed(path, step_path):
-    """The quick demo's it/s and training time, fp32 and bf16 alternated, two rounds."""
+    """The quick demo's it/s and training time, fp32 and bf16 alternated, two rounds; the ratios."""
     rec, step = record(path), record(step_path)
     first, second = (rec[k] for k in ROUNDS)
     lines = [head("`--amp`", f"it/s (progress line, iteration 460 of {first['runs']['off1']['iterations']})",
                   "training")]
-    for rnd, when in ((first, f"{rec['machine']}, {first['date']}"),
-                      (second, f"second round, {rec['machine']}, {second['date']} {second['time_utc']} UTC")):
+    whens = (f"{rec['machine']}, {first['date']}", f"second round, {rec['machine']}, {second['date']} "
+             f"{second['time_utc']} UTC")
+    for rnd, when in zip((first, second), whens):
         for label, pair in ((f"`off` (fp32), {when}", ("off1", "off2")),
                             (f"`auto` (bf16, head fp32), {when}", ("auto1", "auto2"))):
             runs = [rnd["runs"][n] for n in pair]
             lines.append(row(label, ", ".join(f"{r['progress_it_per_s_at_460']:.2f}" for r in runs),
                              ", ".join(f"{r['train_wall_s']:.0f} s" for r in runs)))
-    (i1, w1), (i2, w2) = (speed_ratios(path, k) for k in ROUNDS)
-    old, bf16 = rec["speed_ab"]["runs"], step["variants"]["bf16"]
+    bf16, old = step["variants"]["bf16"], rec["speed_ab"]["runs"]
     o, n = old["off"]["progress_it_per_s_at_460"], old["on"]["progress_it_per_s_at_460"]
-    return "\n".join(lines) + (
-        f"\n\n`auto` over `off`: {i1:.2f}x the iterations per second ({w1:.2f}x in training time) in the first "
-        f"round, {i2:.2f}x ({w2:.2f}x) in the second. The bare model step (`{command(step)}`, alternated "
-        f"rounds, {step['date']}; [experiments/benchmarks.md](experiments/benchmarks.md)): "
-        f"{bf16['today_ms']:.1f} vs {bf16['ms']:.1f} ms, {bf16['ratio_today_over_variant']:.2f}x. An earlier "
-        f"single pair of runs (`--amp off`, then `--amp on`, {rec['speed_ab']['date']}) gave "
-        f"{o:.2f} vs {n:.2f} it/s ({n / o:.2f}x).")
-
-
-@table
-def readme_bf16_speed(path):
-    """The README's line on the demo's bf16 speed-up."""
-    rec = record(path)
-    (i1, _), (i2, _) = (speed_ratios(path, k) for k in ROUNDS)
-    return (f"Measured on the {rec['machine']}, {rec['speed_ab_alternated']['date']}: the quick demo in bf16 "
-            f"(head fp32) trained at {i1:.2f}x and {i2:.2f}x the iterations per second of fp32 (two rounds of "
-            "alternated runs).")
+    rows = [(f"`auto` over `off`, {('first', 'second')[i]} round: it/s (training time)",
+             "{:.2f}x ({:.2f}x)".format(*speed_ratios(path, k)), whens[i].replace("second round, ", ""))
+            for i, k in enumerate(ROUNDS)]
+    rows += [(f"the bare model step, fp32 vs bf16 (`{command(step)}`, alternated rounds; "
+              "[experiments/benchmarks.md](experiments/benchmarks.md))",
+              f"{bf16['today_ms']:.1f} vs {bf16['ms']:.1f} ms, {bf16['ratio_today_over_variant']:.2f}x",
+              f"{step['machine']}, {step['date']}"),
+             ("an earlier single pair of runs (`--amp off`, then `--amp on`): it/s", f"{o:.2f} vs {n:.2f} ({n / o:.2f}x)",
+              rec["speed_ab"]["date"])]
+    return "\n".join(lines) + "\n\n" + figures(rows)
 
 
 PROTOCOL_COLUMNS = {"knn20": "20-NN", "knn200": "200-NN", "nn5_euclid": "5-NN", "linear": "linear, all labels",
@@ -411,22 +394,22 @@ ONE_PROCESS_COLUMNS = {"knn20": "20-NN", "linear": "linear", "100": "100 / class
 @table
 def demo_one_process(path, protocols, bf16):
     """The quick demo with one process of 128 against two of 64: features and speed."""
-    rec = record(path)
+    rec, fast = record(path), record(bf16)["speed_ab_alternated_2"]
     two = group(protocols, "quick", "fashion_mnist")["figures"]["swav"]
     one = group(path, "quick", "fashion_mnist", "--procs 1")["figures"]["swav"]
-    lines = [head("SwAV features, quick demo", *ONE_PROCESS_COLUMNS.values()),
-             row("2 processes x 64 (the shipped recipe)", *cells(two, ONE_PROCESS_COLUMNS)),
-             row("1 process x 128", *cells(one, ONE_PROCESS_COLUMNS)),
-             row("difference", *(f"{one[c][0] - two[c][0]:+.2f}" for c in ONE_PROCESS_COLUMNS))]
-    diffs = [(label, one[c][0] - two[c][0], max(one[c][1], two[c][1])) for c, label in ONE_PROCESS_COLUMNS.items()]
-    speed, runs = rec["progress_it_per_s_at_299"], record(bf16)["speed_ab_alternated_2"]["runs"]
+    speed, runs = rec["progress_it_per_s_at_299"], fast["runs"]
     seeds = sorted(speed, key=int)
-    return "\n".join(lines) + "\n\n" + spread_sentence([("", diffs)]) + (
-        f"\n\nSpeed ({rec['machine']}; {rec['date']}): one process trained at "
-        f"{', '.join(f'{speed[s]:.2f}' for s in seeds[:-1])} and {speed[seeds[-1]]:.2f} it/s at iteration 299 "
-        f"for seeds {', '.join(seeds)}; two processes at {runs['auto1']['progress_it_per_s_at_460']:.2f} and "
-        f"{runs['auto2']['progress_it_per_s_at_460']:.2f} it/s at iteration 460 in the second round of "
-        "alternated runs above (`--amp auto`).")
+    return "\n".join([
+        head("SwAV features, quick demo", *ONE_PROCESS_COLUMNS.values()),
+        row("2 processes x 64 (the shipped recipe)", *cells(two, ONE_PROCESS_COLUMNS)),
+        row("1 process x 128", *cells(one, ONE_PROCESS_COLUMNS)),
+        row("difference", *(diff(one[c][0] - two[c][0], max(one[c][1], two[c][1])) for c in ONE_PROCESS_COLUMNS)),
+        "", BOLD, "", figures([
+            (f"one process: it/s at iteration 299, seeds {', '.join(seeds)}", ", ".join(f"{speed[s]:.2f}" for s in seeds),
+             f"{rec['machine']}; {rec['date']}"),
+            ("two processes: it/s at iteration 460, the second round of alternated runs above (`--amp auto`)",
+             f"{runs['auto1']['progress_it_per_s_at_460']:.2f}, {runs['auto2']['progress_it_per_s_at_460']:.2f}",
+             f"{record(bf16)['machine']}, {fast['date']}")], ("speed", "it/s", "machine, date"))])
 
 
 @table
@@ -522,11 +505,12 @@ def step_candidates_budget(path, bf16_path):
 
 @table
 def bf16_summary(bf16_path, *step_paths):
-    """One line: what bf16 gains on the demo and on the model step, over the runs."""
+    """What bf16 gains on the demo and on the model step, over the runs."""
     (i1, _), (i2, _) = (speed_ratios(bf16_path, k) for k in ROUNDS)
     steps = [record(p)["variants"]["bf16"]["ratio_today_over_variant"] for p in step_paths]
-    return (f"So on this machine the demo gains {i1:.2f}x and {i2:.2f}x from bf16 (two rounds of alternated runs), "
-            f"the model step {steps[0]:.2f}x and {steps[1]:.2f}x (two benchmark runs).")
+    return figures([("the demo's iterations per second (two rounds of alternated runs)", f"{i1:.2f}x, {i2:.2f}x"),
+                    ("the model step (two benchmark runs)", f"{steps[0]:.2f}x, {steps[1]:.2f}x")],
+                   ("bf16 (head fp32) over fp32, on this machine", "gain"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -594,8 +578,9 @@ def gpu_demo(path):
             f"the whole quick demo {t['total']:.1f} s: data {t['data']:.1f} s, training {t['train_launcher']:.1f} s "
             f"({after['train_iterations']} iterations, launcher and start-up included), evaluation "
             f"{t['evaluation']:.1f} s, report {t['report']:.1f} s"),
-        "", f"A fresh interpreter on that machine imported torch, VISSL and the plugin in {totals} "
-            f"({'; '.join(d['fresh_interpreter_imports'])})."])
+        "", figures([("a fresh interpreter: importing torch, VISSL and the plugin",
+                      f"{totals} ({'; '.join(d['fresh_interpreter_imports'])})", f"{m['card']}, {m['date']}")],
+                    ("figure", "time", "machine, date"))])
 
 
 @table
@@ -623,8 +608,8 @@ def gpu_demo_figures(path, protocols, one_process):
         row("random init, seed 0", *gpu_cells(first, "random_init")), row("raw pixels", *gpu_cells(first, "raw_pixels")),
         row("SwAV, 2-core CPU, 2 processes x 64, seeds 0-2", *cells(two, ONE_PROCESS_COLUMNS)),
         row("SwAV, 2-core CPU, 1 process x 128, seeds 0-2", *cells(one, ONE_PROCESS_COLUMNS)), "",
-        f"On the {card} ({rec['machine']['date']}): the batch-{batch} run took {t2['total']:.1f} s in all, training "
-        f"{t2['train_launcher']:.1f} s; the batch-64 run {t1['total']:.1f} s, training {t1['train_launcher']:.1f} s."])
+        figures([(f"batch {b}", f"{x['total']:.1f} s", f"{x['train_launcher']:.1f} s", f"{card}, {rec['machine']['date']}")
+                 for b, x in ((batch, t2), (64, t1))], ("the quick demo, seed 0", "in all", "training", "machine, date"))])
 
 
 @table
@@ -633,32 +618,33 @@ def gpu_fp32_head(path):
     h = record(path)["fp32_head_under_cuda_fp16_autocast"]
     assert h["ok"], f"{path}: the fp32-head check did not pass"
     on = " and ".join(sorted(set(dtype(x) for x in h["on_dtypes"])))
-    return (f"**fp16 autocast and the fp32 head** ({h['device']}, torch {h['torch']}). Under real CUDA fp16 "
-            f"autocast, `swav_plugin_head` with `fp32_head: True` returns {on} outputs equal to the fp32 head's "
-            f"on the same features (largest difference {h['on_equal_fp32_head_maxdiff']:.1f}); without the option "
-            f"the prototype scores come out in {dtype(h['off_dtypes'][-1])}, up to "
-            f"{sci(h['off_scores_maxdiff_vs_fp32'])} from the fp32 scores. A ResNet-10 + head step under fp16 "
-            f"autocast with a gradient scaler gave {dtype(h['trunk_feature_dtype'])} trunk features, "
-            f"{dtype(h['scores_dtype'])} scores and {'finite' if h['grads_finite'] else 'non-finite'} gradients.")
+    return f"**fp16 autocast and the fp32 head** ({h['device']}, torch {h['torch']}), under real CUDA fp16 autocast:\n\n" + \
+        figures([("`swav_plugin_head` with `fp32_head: True`: its outputs; largest difference from the fp32 head's on "
+                  "the same features", f"{on}; {h['on_equal_fp32_head_maxdiff']:.1f}"),
+                 ("without the option: the prototype scores; largest difference from the fp32 scores",
+                  f"{dtype(h['off_dtypes'][-1])}; {sci(h['off_scores_maxdiff_vs_fp32'])}"),
+                 ("a ResNet-10 + head step with a gradient scaler: trunk features, scores, gradients",
+                  f"{dtype(h['trunk_feature_dtype'])}, {dtype(h['scores_dtype'])}, "
+                  f"{'finite' if h['grads_finite'] else 'non-finite'}")], ("check", "result"))
 
 
 @table
-def readme_gpu(gpu_check_path, demo_path, epoch_pause_path):
-    """The README's GPU figures, in one paragraph."""
-    g, h, e = record(gpu_check_path), record(demo_path), record(epoch_pause_path)
+def readme_gpu(gpu_check_path, demo_path):
+    """The README's GPU figures: a row per GPU."""
+    g, h = record(gpu_check_path), record(demo_path)
     m, r = g["machine"], g["results"]
     s, t, p = r["sinkhorn"]["fp32"], r["train_step"], r["pretrain"]
     b = h["demo_quick_batch128"]
-    return (f"GPU figures: on one {m['card']} (torch {m['torch']}, {m['date']}) the ResNet-50 multi-crop step "
-            f"took {t['ours_ms']:.1f} ms, VISSL's built-in SwAV {t['vissl_ms']:.1f} ms; Sinkhorn "
-            f"({r['sinkhorn']['B']} x {r['sinkhorn']['K']}) {s['ours_ms']:.2f} ms, "
-            f"{s['ratio_vissl_over_ours']:.1f}x VISSL's; `{p['config'].split('/')[-1]}` trained at "
-            f"{p['images_per_s']:.0f} images/s, {100 * p['images_per_s'] / t['ours_images_per_s']:.0f}% of the "
-            f"bare step. The quick demo on one {h['machine']['card']} ({h['machine']['date']}, batch "
-            f"{b['batch'].split('x')[-1]}, fp16 autocast): {b['times_s']['total']:.1f} s in all, training "
-            f"{b['times_s']['train_launcher']:.1f} s. With {e['workers']} loader workers the pause between epochs "
-            f"fell from {e['results']['vissl']['pause_s']:.1f} s to {e['results']['plugin']['pause_s']:.1f} s "
-            f"({e['machine']['cpu']}, {e['machine']['cores']} cores, {e['date'][:10]}).")
+    return figures([
+        (f"{m['card']} (torch {m['torch']}), {m['date']}", f"{t['ours_ms']:.1f} ms, {t['vissl_ms']:.1f} ms",
+         f"{s['ours_ms']:.2f} ms; {s['ratio_vissl_over_ours']:.1f}x",
+         f"{p['images_per_s']:.0f}; {100 * p['images_per_s'] / t['ours_images_per_s']:.0f}%", "—"),
+        (f"{h['machine']['card']}, {h['machine']['date']}", "—", "—", "—",
+         f"{b['times_s']['total']:.1f} s, {b['times_s']['train_launcher']:.1f} s")],
+        ("GPU, date", "the ResNet-50 multi-crop step: ours, VISSL's built-in SwAV",
+         f"Sinkhorn ({r['sinkhorn']['B']} x {r['sinkhorn']['K']}): ours; VISSL's over ours",
+         f"`{p['config'].split('/')[-1]}` training: images/s; share of the bare step",
+         f"the quick demo (batch {b['batch'].split('x')[-1]}, fp16 autocast): in all, training"))
 
 
 # ------------------------------------------------------------------------------------------
