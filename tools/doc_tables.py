@@ -647,9 +647,6 @@ def readme_gpu(gpu_check_path, demo_path):
          f"the quick demo (batch {b['batch'].split('x')[-1]}, fp16 autocast): in all, training"))
 
 
-# ------------------------------------------------------------------------------------------
-# facts of the code (docs/compat.md, docs/monitoring.md)
-# ------------------------------------------------------------------------------------------
 def patches_by_module():
     """``{module file: [patch, ...]}`` of every registered compat patch, in the engine's order."""
     import vissl  # noqa: F401  (the start-up hook registers the plugin)
@@ -659,11 +656,9 @@ def patches_by_module():
     vissl_swav_plugin.register_all()
     out = {}
     for name in engine.names():
-        owners = [m.__name__ for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith(
-            "vissl_swav_plugin.") and getattr(vars(m).get(name), "__module__", None) == m.__name__]
-        assert len(owners) == 1, f"compat patch {name}: defined by {owners or 'no module'}"
-        parts = owners[0].split(".")
-        out.setdefault(parts[-1] + ".py" if parts[:2] == ["vissl_swav_plugin", "compat"] else owners[0], []).append(name)
+        module = engine._REGISTRY[name][2].__module__
+        out.setdefault(module.split(".")[-1] + ".py" if module.startswith("vissl_swav_plugin.compat.") else module,
+                       []).append(name)
     return out
 
 
@@ -712,18 +707,12 @@ def collapse_message(config):
     to 229 (epoch 5, lr 0.2807)."""
     import math
 
+    from omegaconf import OmegaConf
+
     from vissl_swav_plugin.hooks.collapse_report import collapse_message as message
     from vissl_swav_plugin.hooks.collapse_report import run_context
 
-    class Attr(dict):
-        __getattr__ = dict.__getitem__
-
-    def wrap(v):
-        if isinstance(v, dict):
-            return Attr({k: wrap(x) for k, x in v.items()})
-        return [wrap(x) for x in v] if isinstance(v, list) else v
-
-    cfg = wrap(config_yaml(config))
+    cfg = OmegaConf.create(config_yaml(config))
     k = cfg.MODEL.HEAD.PARAMS[-1][1]["num_clusters"][0]
     heads = [dict(K=k, ln_k=math.log(k), sample_entropy=math.log(k), mean_entropy=math.log(k), used=k)]
     text = message("uniform", cfg.LOSS.name, math.log(k), heads, dict(cfg.HOOKS.COLLAPSE_DETECTOR), run_context(cfg),
