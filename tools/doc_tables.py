@@ -749,11 +749,18 @@ def yaml_text(node):
     return "{" + ", ".join(f"{yaml_text(k)}: {yaml_text(v)}" for k, v in node.value) + "}"
 
 
+@functools.lru_cache(None)
+def _compose(text):
+    import yaml
+
+    return yaml.compose(text)
+
+
 def config_value(name, key, root=CONFIGS):
     """The text of ``key`` (``A.B.0.c``) in the shipped config ``name``; KeyError if it lacks it."""
     import yaml
 
-    node = yaml.compose((Path(root) / f"{name}.yaml").read_text())
+    node = _compose((Path(root) / f"{name}.yaml").read_text())
     for part in ["config", *key.split(".")]:
         if isinstance(node, yaml.MappingNode):
             node = next((v for k, v in node.value if k.value == part), None)
