@@ -367,9 +367,10 @@ def demo_protocols(path):
     lines += [row(g["mode"], g["set"], label, *cells(g["figures"][key])) for g in groups
               for key, label in FEATURES.items()]
     seeds = sorted({tuple(g["seeds"]) for g in groups})
-    lines += ["", f"Seeds {', '.join(', '.join(map(str, s)) for s in seeds)} in every group; the collapse detector "
-                  f"fired in {sum(g['detector_fired'] for g in groups)} of the {sum(len(g['seeds']) for g in groups)} "
-                  "runs. SwAV's mean minus each baseline's, in points:", "",
+    lines += ["", figures([("seeds, in every group", "; ".join(", ".join(map(str, s)) for s in seeds)),
+                           ("runs in which the collapse detector fired", f"{sum(g['detector_fired'] for g in groups)} "
+                            f"of {sum(len(g['seeds']) for g in groups)}")], ("the runs", "")),
+              "", "SwAV's mean minus each baseline's, in points:", "",
               head("recipe", "set", "SwAV minus", *PROTOCOL_COLUMNS.values())]
     lines += [row(g["mode"], g["set"], label.split(" (")[0],
                   *(f"{g['figures']['swav'][c][0] - g['figures'][key][c][0]:+.2f}" for c in PROTOCOL_COLUMNS))
@@ -428,8 +429,9 @@ def step_profile_bf16(path):
     loop32, loop16 = rec["phases_ms"]["vissl loop"]["step"], rec["phases_ms"]["vissl loop bf16"]["step"]
     gflops = (rec["flops_forward"] + rec["flops_backward"]) / 1e6 / v["today_ms"]
     return "\n".join([
-        f"The matmul peaks on one thread: {rec['matmul_peak_gflops']:.0f} and {rec['matmul_peak_gflops_bf16']:.0f} "
-        "GFLOP/s (fp32 and bf16 `torch.mm` of 1024x1024).", "", head("", "model step", "achieved"),
+        head("", "model step", "achieved"),
+        row("the matmul peaks on one thread, fp32 and bf16 (`torch.mm` of 1024x1024)", "",
+            f"{rec['matmul_peak_gflops']:.0f} and {rec['matmul_peak_gflops_bf16']:.0f} GFLOP/s"),
         row("today (fp32, channels-last) against bf16 autocast, head fp32 (alternated)",
             f"{v['today_ms']:.1f} vs {v['ms']:.1f} ms: {v['ratio_today_over_variant']:.2f}x",
             f"fp32: {gflops:.1f} GFLOP/s ({100 * gflops / rec['matmul_peak_gflops']:.1f}% of the fp32 peak); bf16: "
