@@ -3,10 +3,10 @@ spread, and the JSON record every benchmark writes (the machine, the date, the c
 results).  Free of VISSL; what builds a shipped recipe's model and VISSL tasks is
 :mod:`recipes` (beside it; neither is in the wheel).
 
-Alternation: each round runs every candidate once, the order mirrored (``A B C``, ``C B A``,
-``A B C`` ...) or rotated (``A B C``, ``B C A``, ``C A B`` ...) from one round to the next, so that
-a change of machine load falls on all of them alike; the first ``warmup`` rounds are run and
-dropped.  Figures are medians over the kept rounds, with the spread beside them.
+Alternation (:func:`alternate`, :func:`round_order`, :data:`SCHEDULES`) is the package's
+(:mod:`vissl_swav_plugin.utils.alternation`, which ``--amp auto`` times with too), named here
+as the benchmarks call it (``bm.alternate``).  Figures are medians over the kept rounds, with the
+spread beside them.
 """
 import datetime
 import json
@@ -16,41 +16,14 @@ import shlex
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
 
+from vissl_swav_plugin.utils.alternation import SCHEDULES, alternate, round_order  # noqa: F401  (bm.alternate, ...)
 from vissl_swav_plugin.utils.cpu_features import cpu_flags, cpu_model
 
-SCHEDULES = ("mirror", "rotate")
 #: the CPU flags a record names (vector and matrix units the timings depend on), where present
 NOTABLE_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
                  "amx_int8", "asimd", "sve")
-
-
-def round_order(names: Sequence[str], r: int, schedule: str = "mirror") -> List[str]:
-    """The order in which round ``r`` (0-based) runs ``names``: ``mirror`` reverses every other
-    round, ``rotate`` starts round ``r`` at ``names[r % len(names)]``."""
-    names = list(names)
-    if schedule == "mirror":
-        return names if r % 2 == 0 else names[::-1]
-    if schedule == "rotate":
-        k = r % len(names) if names else 0
-        return names[k:] + names[:k]
-    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-
-
-def alternate(candidates: Mapping[str, Callable[[], Any]], rounds: int, warmup: int = 0,
-              schedule: str = "mirror") -> Dict[str, List[Any]]:
-    """Run ``candidates`` (name -> callable of no argument) in ``warmup + rounds`` alternated rounds
-    (:func:`round_order`); ``{name: [what its call returned, one per kept round]}``, the
-    ``warmup`` rounds dropped.  A callable returns its own measurement (ms, images/s, a tuple);
-    :func:`timed` makes one of a plain function."""
-    out: Dict[str, List[Any]] = {name: [] for name in candidates}
-    for r in range(warmup + rounds):
-        for name in round_order(list(candidates), r, schedule):
-            value = candidates[name]()
-            if r >= warmup:
-                out[name].append(value)
-    return out
 
 
 def timed(fn: Callable[[], Any], clock: Callable[[], float] = time.perf_counter,

@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 # ``compat`` comes first: its ``apply_all`` imports every patch module (compat/*.py, see
 # ``compat.PATCH_MODULES``) and applies their patches.  Four of them call plugin code through
 # slots (``compat.slots``) that modules of this list provide when imported:
-# ``config.validation``, ``config.vissl_schema``, ``hooks.registry`` and ``checks.run_wide``;
+# ``config.validation``, ``config.config_names``, ``hooks.registry`` and ``checks.run_wide``;
 # they are all imported here before ``register_all`` returns.
 COMPONENT_MODULES = [
     "vissl_swav_plugin.compat",
@@ -41,6 +41,8 @@ COMPONENT_MODULES = [
     "vissl_swav_plugin.hooks.collapse",
     "vissl_swav_plugin.hooks.precise_bn",
     "vissl_swav_plugin.config.vissl_schema",
+    "vissl_swav_plugin.config.vissl_values",
+    "vissl_swav_plugin.config.config_names",
     "vissl_swav_plugin.checks.run_wide",
 ]
 

@@ -54,29 +54,26 @@ def _vissl_config_root() -> Path:
     return Path(list(importlib.util.find_spec("configs").submodule_search_locations)[0])
 
 
-def _config_names(sub, exclude):
-    """``config=<name>`` of every YAML under ``configs/<sub>`` whose path holds none of ``exclude``
-    (VISSL's ``list_config_files`` + ``create_valid_input``)."""
-    root = _vissl_config_root()
-    out = []
-    for f in sorted((root / sub).rglob("*.yaml")):
-        rel = f.relative_to(root).as_posix()
-        if any(x in rel for x in exclude):
-            continue
-        out.append("config=" + rel[len("config/"):])
-    return out
+def _config_names(group, exclude):
+    """``config=<name>.yaml`` of every VISSL config of ``group`` (a name prefix) whose name holds none
+    of ``exclude`` (VISSL's ``list_config_files`` + ``create_valid_input``).  ``yaml_files`` has no
+    side effect on import, so the plugin-off run stays off."""
+    from vissl_swav_plugin.config.yaml_files import shipped_config_names
+
+    names = shipped_config_names(group, root=_vissl_config_root() / "config")
+    return [f"config={name}.yaml" for name in names if not any(x in name for x in exclude)]
 
 
 def parameterized_cases():
     """The cases of the parameterised tests, over the installed VISSL's configs."""
     cases = {}
-    for name in _config_names("config/benchmark", ["object_detection"]):
+    for name in _config_names("benchmark/", ["object_detection"]):
         cases[f"TestBenchmarkConfigs:{name}"] = ([name], "compose")
-    for name in _config_names("config/pretrain", []):
+    for name in _config_names("pretrain/", []):
         cases[f"TestPretrainConfigs:{name}"] = ([name], "compose")
-    for name in _config_names("config/test/integration_test", []):
+    for name in _config_names("test/integration_test/", []):
         cases[f"TestIntegrationTestConfigs:{name}"] = ([name], "compose")
-    root = _config_names("config", ["models", "optimization", "object_detection", "nearest_neighbor",
+    root = _config_names("", ["models", "optimization", "object_detection", "nearest_neighbor",
                                     "feature_extraction", "fb", "test/transforms"])
     for name in root:
         cases[f"TestRootConfigsLossesBuild.test_loss_build:{name}"] = ([name, *SYNTHETIC], "convert")

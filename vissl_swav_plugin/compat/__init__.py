@@ -74,7 +74,7 @@ Patches (in the order :func:`names` lists them), by module:
 The last four call the plugin's own code (``config``, ``hooks``, ``checks``), which this
 layer may not import: each declares a slot (:mod:`.slots`) that the module above provides
 when :func:`vissl_swav_plugin.register_all` imports it (``config.validation``,
-``config.vissl_schema``, ``hooks.registry``, ``checks.run_wide``); a patched VISSL function
+``config.config_names``, ``hooks.registry``, ``checks.run_wide``); a patched VISSL function
 called while its slot is empty raises ``EmptySlotError``.  They are applied as they are
 imported (``register(now=True)``), before the others, whose replacements wrap theirs.
 

@@ -17,7 +17,7 @@ name itself, it raises what the slot :data:`unknown_config_error` builds for tha
 ``UnknownConfigError`` listing the closest config names), chained to Hydra's error; when the
 composed config has a top-level ``config/<group>`` key, it raises what the slot
 :data:`unknown_group_option_error` builds for that group and option.  The slots are provided
-by :mod:`vissl_swav_plugin.config.vissl_schema`.
+by :mod:`vissl_swav_plugin.config.config_names`.
 
 The patch is applied when this module is imported (``register(now=True)``), before
 ``apply_all`` applies the other patches, as it was before it moved here, so
@@ -30,7 +30,7 @@ from vissl_swav_plugin.compat.engine import patch, raw, register
 from vissl_swav_plugin.compat.slots import Slot
 
 PATCH = "plugin_config_names"
-PROVIDER = "vissl_swav_plugin.config.vissl_schema"
+PROVIDER = "vissl_swav_plugin.config.config_names"
 #: ``fn(overrides)``: records the command-line overrides of the config being composed
 record_overrides = Slot(PATCH, "record_overrides", PROVIDER)
 #: ``fn(name) -> Exception``: the error for a ``config=<name>`` that no configs folder holds

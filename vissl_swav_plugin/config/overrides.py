@@ -21,7 +21,7 @@ _inferring_overrides: List[Optional[List[str]]] = [None]
 def remember_overrides(overrides) -> None:
     """Record the command-line overrides of the config being composed (VISSL's
     ``compose_hydra_configuration``: patch ``plugin_config_names``, whose slot
-    :mod:`vissl_swav_plugin.config.vissl_schema` fills with this function), for
+    :mod:`vissl_swav_plugin.config.config_names` fills with this function), for
     :func:`~vissl_swav_plugin.config.validation.check_inferred_values`: a config file's
     value that is stale because the command line changed what it is inferred from
     (``MODEL.HEAD.PARAMS`` and not ``num_prototypes``) is no conflict."""

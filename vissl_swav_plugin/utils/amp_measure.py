@@ -7,7 +7,7 @@ AVX512-BF16 alone it was slower on another Xeon (359 vs 312 ms) and faster on an
 Zen 5 (1.25-1.38x the iterations per second; docs/demo.md).  So the choice is measured:
 
 * :func:`time_alternating` runs a few warm-up steps of each variant, then rounds in
-  alternated order (A B, B A, A B, ...) until a small time budget is spent, and returns the
+  alternated order (A B, B A, A B, ...: :func:`~vissl_swav_plugin.utils.alternation.alternate`) until a small time budget is spent, and returns the
   per-step seconds of each; the medians are robust to a neighbour's load that comes and goes.
   With ``give_up`` it stops as soon as a warm-up step of a variant takes that many times the
   first variant's (:data:`GIVE_UP`: bf16 twice fp32's), the step itself stopped at that moment
@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from vissl_swav_plugin.utils.alternation import alternate
 from vissl_swav_plugin.utils.cpu_features import cpu_flags, cpu_model
 
 #: bf16 autocast is picked only when its step is at least this many times as fast as fp32's.
@@ -211,16 +212,17 @@ def time_alternating(steps: Dict[str, Callable[..., None]], warmup: int = 2, min
                 out = Timings({names[0]: [base], name: [took]})
                 out.given_up = name
                 return out
-    times = Timings({name: [] for name in names})
     start = clock()
-    for r in range(max_rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+
+    def timed(step):
+        def run():
             t = clock()
-            steps[name]()
-            times[name].append(clock() - t)
-        if r + 1 >= min_rounds and clock() - start >= budget_s:
-            break
-    return times
+            step()
+            return clock() - t
+        return run
+
+    return Timings(alternate({name: timed(steps[name]) for name in names}, max_rounds,
+                             stop=lambda kept: kept >= min_rounds and clock() - start >= budget_s))
 
 
 def machine_key(shape: dict, cpuinfo_text: Optional[str] = None) -> dict:

@@ -1,6 +1,6 @@
 """The benchmarks' harness (``benchmarks/benchmarking.py``) against fake timed
-functions: the order the candidates run in, what is kept after the warm-up, the medians and their
-spread, and the fields of the JSON record.  No wall clock is asserted on: the clocks are fakes."""
+functions: the medians and their spread of alternated candidates, and the fields of the JSON record
+(the order the candidates run in and what is kept after the warm-up: test_alternation.py).  No wall clock is asserted on: the clocks are fakes."""
 import json
 import platform
 import statistics
@@ -15,43 +15,13 @@ bm = load_script("benchmarks/benchmarking.py")
 CPUINFO = "processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx2 avx512f amx_bf16 lm\n"
 
 
-class Calls:
-    """Candidates that log their calls and return the call's number."""
+def test_the_harness_alternates_with_the_packages_loop():
+    """``bm.alternate`` (which every benchmark calls) is the package's one alternation loop, the one
+    ``--amp auto`` times with (its tests: tests/unit/utils/test_alternation.py)."""
+    from vissl_swav_plugin.utils import alternation
 
-    def __init__(self, names):
-        self.log = []
-        self.fns = {n: (lambda n=n: self._call(n)) for n in names}
-
-    def _call(self, name):
-        self.log.append(name)
-        return len(self.log)
-
-
-def test_mirror_alternation_runs_a_b_then_b_a_and_drops_the_warmup():
-    c = Calls("ABC")
-    out = bm.alternate(c.fns, rounds=3, warmup=1)
-    assert "".join(c.log) == "ABC" "CBA" "ABC" "CBA"
-    # the first (warm-up) round is dropped: what each call returned in rounds 1..3
-    assert out == {"A": [6, 7, 12], "B": [5, 8, 11], "C": [4, 9, 10]}
-
-
-def test_rotated_alternation_starts_each_round_one_further():
-    c = Calls("ABCD")
-    bm.alternate(c.fns, rounds=5, schedule="rotate")
-    assert "".join(c.log) == "ABCD" "BCDA" "CDAB" "DABC" "ABCD"
-    assert bm.round_order("AB", 7, "rotate") == ["B", "A"]
-    with pytest.raises(ValueError, match="schedule"):
-        bm.round_order("AB", 0, "random")
-
-
-def test_every_candidate_runs_once_per_round_whatever_the_count():
-    for n in range(1, 6):
-        names = [f"c{i}" for i in range(n)]
-        for schedule in bm.SCHEDULES:
-            c = Calls(names)
-            out = bm.alternate(c.fns, rounds=4, warmup=2, schedule=schedule)
-            assert all(sorted(c.log[r * n:(r + 1) * n]) == names for r in range(6))
-            assert all(len(v) == 4 for v in out.values())
+    assert (bm.alternate, bm.round_order, bm.SCHEDULES) == (alternation.alternate, alternation.round_order,
+                                                             alternation.SCHEDULES)
 
 
 def test_timed_reads_the_clock_around_the_call_and_syncs_first():

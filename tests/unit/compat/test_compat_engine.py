@@ -190,7 +190,7 @@ def test_after_import_runs_callbacks_once_after_the_import(tmp_path, monkeypatch
 SLOTTED = [
     ("plugin_config_inference", "config_inference", ["inference"], "vissl_swav_plugin.config.validation"),
     ("plugin_config_names", "config_names", ["record_overrides", "unknown_config_error"],
-     "vissl_swav_plugin.config.vissl_schema"),
+     "vissl_swav_plugin.config.config_names"),
     ("plugin_loss_hooks", "loss_hooks", ["hooks_for_config"], "vissl_swav_plugin.hooks.registry"),
     ("plugin_launch_checks", "launch_checks", ["run_launch_checks"], "vissl_swav_plugin.checks.run_wide"),
 ]

@@ -38,7 +38,7 @@ def test_a_stats_file_in_the_working_directory_sets_the_normalisation(tmp_path, 
 
 
 def test_a_group_option_run_from_another_directory_is_an_error_naming_it(tmp_path, monkeypatch):
-    from vissl_swav_plugin.config.vissl_schema import UnknownConfigError
+    from vissl_swav_plugin.config.config_names import UnknownConfigError
 
     _write_stats(tmp_path / "project", "mine")
     elsewhere = tmp_path / "elsewhere"
@@ -56,7 +56,7 @@ def test_a_group_option_run_from_another_directory_is_an_error_naming_it(tmp_pat
 
 
 def test_a_misspelt_group_names_the_closest_config(tmp_path, monkeypatch):
-    from vissl_swav_plugin.config.vissl_schema import UnknownConfigError
+    from vissl_swav_plugin.config.config_names import UnknownConfigError
 
     _write_stats(tmp_path, "mine")
     monkeypatch.chdir(tmp_path)

@@ -7,10 +7,14 @@ import pytest
 import yaml
 from testkit import compose
 
+from vissl_swav_plugin.config.yaml_files import shipped_config_names
+
 import vissl
 
 FRAGMENTS = Path(vissl.__file__).resolve().parent.parent / "configs" / "config" / "pretrain" / "swav"
-CASES = sorted((p.parent.name, p.stem) for p in FRAGMENTS.glob("*/*.yaml"))
+#: ``(group, option)`` of VISSL's SwAV config-group options (``pretrain/swav/<group>/<option>``)
+CASES = sorted(tuple(n.split("/")[2:]) for n in shipped_config_names("pretrain/swav/", root=FRAGMENTS.parents[1])
+               if n.count("/") == 3)
 OURS = ["pretrain/swav/swav_8node_resnet", "pretrain/swav/swav_400ep_resnet"]
 VISSL_SWAV_LOSS_DEFAULTS = {"queue": {"queue_length": 0, "start_iter": 0}}
 

@@ -18,6 +18,9 @@ import yaml
 
 from testkit import compose, write_user_config
 
+from vissl_swav_plugin.config.search_path import vissl_configs_dir
+from vissl_swav_plugin.config.yaml_files import shipped_config_names
+
 QUICK = "config=test/swav_plugin/quick_cpu"
 L = "config.LOSS.swav_plugin_loss"
 
@@ -139,21 +142,9 @@ def test_open_sections_and_keys_vissl_reads_beyond_defaults_pass(override):
     compose([QUICK, override])
 
 
-def _shipped(root, prefix=""):
-    return sorted(prefix + p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
-
-
-def _vissl_configs_root():
-    """VISSL's shipped configs (installed as the top-level package ``configs``)."""
-    import importlib.util
-
-    return Path(list(importlib.util.find_spec("configs").submodule_search_locations)[0]) / "config"
-
-
 def _vissl_pretrain():
-    root = _vissl_configs_root()
-    return [n for n in _shipped(root) if n.startswith(("pretrain/swav/", "pretrain/deepcluster_v2/",
-                                                       "pretrain/dino/", "pretrain/simclr/", "test/integration_test/"))]
+    groups = ("pretrain/swav/", "pretrain/deepcluster_v2/", "pretrain/dino/", "pretrain/simclr/", "test/integration_test/")
+    return [n for n in shipped_config_names(root=vissl_configs_dir()) if n.startswith(groups)]
 
 
 VISSL_SAMPLE = _vissl_pretrain()
@@ -333,7 +324,7 @@ def test_any_assertion_of_vissl_inference_becomes_a_config_error_with_the_condit
     ("vissl/pretrain/swav/swav_8node_resnet_", "vissl/pretrain/swav/swav_8node_resnet"),
 ])
 def test_a_misspelt_config_name_lists_the_closest_names(typo, expected):
-    from vissl_swav_plugin.config.vissl_schema import UnknownConfigError
+    from vissl_swav_plugin.config.config_names import UnknownConfigError
 
     with pytest.raises(UnknownConfigError, match=rf"config={typo}: no such config") as e:
         compose([f"config={typo}"])

@@ -19,9 +19,10 @@ import pytest
 import torch
 import yaml
 
-from testkit import REPO, compose
+from testkit import compose
 from vissl_swav_plugin.hooks import collapse as C
 from vissl_swav_plugin.config.checkers import ConfigError
+from vissl_swav_plugin.config.yaml_files import shipped_config_files
 from vissl_swav_plugin.losses.swav_loss import summarize_codes
 from collapse_cases import (D, FakeLoss, T, drive, fake_task, figures, healthy_scores, make_hook, uniform_scores,)  # noqa: F401  (fixtures and cases shared with the unit part)
 
@@ -282,9 +283,7 @@ def test_composed_config_is_checked_before_any_process_starts():
 
 
 def test_shipped_configs_carry_the_block():
-    paths = sorted((REPO / "configs" / "config" / "pretrain").rglob("*.yaml")) + \
-        sorted((REPO / "configs" / "config" / "test").rglob("*.yaml"))
-    for p in paths:
+    for p in shipped_config_files("pretrain/") + shipped_config_files("test/"):
         cfg = yaml.safe_load(p.read_text())["config"]
         if cfg.get("LOSS", {}).get("name") in C.MONITORED_LOSSES:
             assert cfg["HOOKS"]["COLLAPSE_DETECTOR"] == C.DEFAULTS, p

@@ -38,6 +38,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vissl_swav_plugin.config.yaml_files import shipped_config_files, shipped_config_names
+
 REPO = next(p for p in Path(__file__).resolve().parents if (p / "setup.py").is_file())
 DOCS = REPO / "docs"
 CONFIGS = REPO / "configs" / "config"
@@ -209,7 +211,7 @@ def yaml_config(name, root=None):
 
 
 def shipped_configs(root=CONFIGS):
-    return sorted(str(p.relative_to(root))[:-5] for p in Path(root).rglob("*.yaml"))
+    return shipped_config_names(root=root)
 
 
 def config_by_name(name, root=CONFIGS):
@@ -449,9 +451,9 @@ def python_prose(source):
 
 def code_texts():
     """The files the stale-path check reads besides the pages: every ``.py`` of :data:`CODE_DIRS`
-    (its comments and docstrings), ``configs/**/*.yaml`` and :data:`CONFIG_FILES` (whole)."""
+    (its comments and docstrings), the shipped configs (``configs/config/**/*.yaml``) and :data:`CONFIG_FILES` (whole)."""
     files = [p for d in CODE_DIRS for p in sorted((REPO / d).rglob("*.py"))]
-    files += sorted((REPO / "configs").rglob("*.yaml")) + [REPO / n for n in CONFIG_FILES]
+    files += shipped_config_files() + [REPO / n for n in CONFIG_FILES]
     return [p for p in files if not set(p.relative_to(REPO).parts) & NOT_REPO]
 
 

@@ -4,6 +4,8 @@ import pytest
 
 from testkit import REPO, compose
 
+from vissl_swav_plugin.config.yaml_files import shipped_config_names
+
 
 def test_repo_dirs_vissl_owns_are_not_packages():
     for d in ("configs", "tools", "tests"):
@@ -17,10 +19,7 @@ def test_wheel_configs_found_by_search_path(tmp_path, monkeypatch):
     assert sp.configs_dir() == REPO / "configs"  # editable install: the repository's
 
 
-SHIPPED_CONFIGS = sorted(
-    str(p.relative_to(REPO / "configs" / "config").with_suffix(""))
-    for p in (REPO / "configs" / "config").rglob("*.yaml")
-)
+SHIPPED_CONFIGS = shipped_config_names()
 
 
 @pytest.mark.parametrize("name", SHIPPED_CONFIGS)

@@ -64,6 +64,8 @@ def test_resource_api_on_vissls_configs():
     assert pkg_resources.resource_isdir("configs", "config/pretrain/swav")
     assert not pkg_resources.resource_isdir("configs", "config/pretrain/swav/swav_8node_resnet.yaml")
     listed = sorted(p for p in _walk_resources("configs", "config") if p.endswith(".yaml"))
+    # the files on disk, listed here and not by the package's lister (config.yaml_files): the
+    # independent truth that pkg_resources' listing is compared with
     on_disk = sorted(str(p.relative_to(root)).replace(os.sep, "/") for p in (root / "config").rglob("*.yaml"))
     assert listed == on_disk and len(listed) > 100
     assert pkg_resources.resource_filename("configs", "config/dataset_catalog.json") == str(

@@ -17,23 +17,25 @@ torchvision's ResNets (strict load + same features).
 import numpy as np
 import pytest
 
-from testkit import REPO, compose
+from testkit import compose
+from vissl_swav_plugin.config.yaml_files import shipped_config_names
 from eval_suite_cases import (FMNIST, PER_CLASS, TRUNK, _tool, _trunk_of, suite,)  # noqa: F401  (fixtures and cases shared with the unit part)
 
-BENCH = REPO / "configs" / "config" / "benchmark" / "swav_plugin"
+#: the stems of the plugin's benchmark configs (``config=benchmark/swav_plugin/<stem>``; the group has no subfolders)
+BENCH = [n.rsplit("/", 1)[-1] for n in shipped_config_names("benchmark/swav_plugin/")]
 
 
 # ------------------------------------------------------------------------------------------
 # configs
 # ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(p.stem for p in BENCH.glob("*.yaml")))
+@pytest.mark.parametrize("name", BENCH)
 def test_every_benchmark_config_composes(name, tmp_path):
     cfg = compose([f"config=benchmark/swav_plugin/{name}", f"config.CHECKPOINT.DIR={tmp_path}"])
     assert cfg.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME == "classy_state_dict"
     assert cfg.MACHINE.DEVICE == ("cpu" if name.endswith("_cpu") else "gpu")
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in BENCH.glob("*_fashion_mnist_cpu.yaml")))
+@pytest.mark.parametrize("name", [n for n in BENCH if n.endswith("_fashion_mnist_cpu")])
 def test_fashion_mnist_benchmarks_build_the_demo_trunk(name, tmp_path):
     """Each Fashion-MNIST benchmark config defaults to the trunk that `make demo` trains
     (pretrain/swav/swav_fashion_mnist_cpu): the demo's checkpoint loads strictly into the
