@@ -730,7 +730,9 @@ CONFIGS = REPO / "configs" / "config"
 
 def shipped_configs(root=CONFIGS):
     """Every config under configs/config, as ``config=`` names."""
-    return sorted(str(p.relative_to(root))[:-5] for p in Path(root).rglob("*.yaml"))
+    from vissl_swav_plugin.config.yaml_files import shipped_config_names
+
+    return shipped_config_names(root=root)
 
 
 def config_yaml(name, root=CONFIGS):

@@ -1,18 +1,14 @@
 """benchmarks/bench_demo_trunk.py: ``--widths`` times the recipe's ResNet-10 at other widths (the
 network really is that wide), and a malformed list is refused by name."""
-import importlib.util
 
 import pytest
 import torch
 
-from testkit import REPO
+from testkit import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("bench_demo_trunk", REPO / "benchmarks" / "bench_demo_trunk.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/bench_demo_trunk.py")
 
 
 @pytest.mark.parametrize("width", [8, 24])

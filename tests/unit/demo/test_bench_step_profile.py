@@ -3,21 +3,17 @@ convolution equals the closed form 2 * B * C_in * C_out * k^2 * H_out * W_out (a
 a step includes the backward, about twice the forward), the phase table's shares sum to one,
 and the demo's multi-crop batch has the recipe's shapes (read from the demo config).  No process
 is started, nothing is timed."""
-import importlib.util
 import math
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from testkit import REPO
+from testkit import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("bench_step_profile", REPO / "benchmarks" / "bench_step_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/bench_step_profile.py")
 
 
 @pytest.mark.parametrize("b,cin,cout,k,size,stride,pad", [
