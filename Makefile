@@ -22,16 +22,15 @@ $(STAMP): requirements-host.txt setup.py vissl_swav_plugin.pth
 	rm -f $(VENV)/.deps-*
 	touch $@
 
-# the linters first, then the suite in $(TEST_WORKERS) worker processes (pytest-xdist; a test
-# file stays in one worker, so its module fixtures run once; --no-loadscope-reorder keeps the
-# order of tests/conftest.py, the longest files first, where xdist would start the files with
-# the most tests first).  --max-worker-restart=0: a worker that dies (a crash in native code)
-# ends the run at once, naming the test it died in; with restarts, pytest-xdist 3.8's file
-# scheduler can wait forever for the dead worker's files.  -c pytest.ini: the time limits of
-# pytest.ini hold whatever TEST_PATHS names.
+# the linters first, then the suite in $(TEST_WORKERS) worker processes (pytest-xdist's own
+# scheduling, --dist worksteal: each worker starts on its share of the tests in collection order
+# and a worker that runs dry takes half of another's pending tests).  --max-worker-restart=0: a
+# worker that dies (a crash in native code) ends the run at once, naming the test it died in;
+# with restarts, pytest-xdist 3.8 can wait forever for the dead worker's tests.  -c pytest.ini:
+# the time limits of pytest.ini hold whatever TEST_PATHS names.
 TEST_PATHS ?= tests
 test: lint
-	$(VPY) -m pytest -c pytest.ini -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart=0 $(TEST_PATHS) $(PYTEST_ARGS)
+	$(VPY) -m pytest -c pytest.ini -n $(TEST_WORKERS) --dist worksteal --max-worker-restart=0 $(TEST_PATHS) $(PYTEST_ARGS)
 
 test-fast: venv
 	$(VPY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -74,32 +74,9 @@ def kind_of(path) -> str:
     return rel.parts[0]
 
 
-# The longest test files (minutes each on the 2-core CI machine), started first so that under
-# `make test`'s 2 workers (pytest-xdist, a file per worker at a time) none of them is left to run
-# alone at the end.  Order only: every test passes in any order.
-LONGEST_FIRST = [
-    "integration/demo/test_real_data_swav_integration.py",
-    "integration/benchmarks/test_gpu_check.py",
-    "integration/losses/test_deepcluster_sela_e2e_integration.py",
-    "integration/config/test_vissl_own_config_tests.py",
-    "integration/compat/test_compat_integration.py",
-    "integration/compat/test_reliability.py",
-    "integration/package/test_import_order.py",
-    "integration/hooks/test_collapse_integration.py",
-    "integration/package/test_docs_run.py",
-    "integration/compat/test_launcher_signals.py",
-    "integration/demo/test_demo_fork_workers_integration.py",
-]
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(kind_of(item.path))
-    missing = [name for name in LONGEST_FIRST if not (TESTS / name).is_file()]
-    if missing:
-        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names missing files: {missing}")
-    rank = {TESTS / name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(Path(item.path), len(rank)))  # stable: the rest keep their order
 
 
 class ProcessStarted(AssertionError):
