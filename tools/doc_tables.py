@@ -250,23 +250,23 @@ DEMO_COLUMNS = {"knn20": "20-NN", "linear_swav": "linear, all labels", "shot100_
 
 
 @table
-def demo_photometric_float32(path):
-    """The quick demo with ``photometric`` (float32 device side), per seed and over seeds,
-    against ``off``'s; ``decode`` on seed 0."""
+def demo_device_augment(path, mode):
+    """The quick demo with ``DEVICE_AUGMENT=mode`` (record key ``mode``), per seed and over seeds,
+    against ``off``'s; a record with ``equals_photometric`` says per seed whether the run's
+    losses and figures were ``photometric``'s."""
     rec = record(path)
-    runs, off = rec["photometric"], rec["reference_off"]["mean_sd"]
+    runs, off, same = rec[mode], rec["reference_off"]["mean_sd"], rec.get("equals_photometric")
     stats = {k: mean_sd(run[k] for run in runs.values()) for k in DEMO_COLUMNS}
-    decode = ("gave every logged loss and every figure equal to `photometric`'s"
-              if rec["decode_seed0_equals_photometric"] else "differed from `photometric`")
+    extra = ("losses and figures equal to `photometric`'s",) if same else ()
     return "\n".join([
         f"{measured_on(rec)[:-10]}{rec['date']}:", "", command(rec, True).replace("SEED", "0"), "",
-        head("quick demo, fp32, `photometric` (float32)", *DEMO_COLUMNS.values()),
-        *(row(f"seed {s}", *(f"{runs[s][k]:.2f}" for k in DEMO_COLUMNS)) for s in sorted(runs, key=int)),
-        row(f"{seeds_of(runs)} (mean ± sd)", *(pm(*stats[k]) for k in DEMO_COLUMNS)),
+        head(f"quick demo, fp32, `{mode}`", *DEMO_COLUMNS.values(), *extra),
+        *(row(f"seed {s}", *(f"{runs[s][k]:.2f}" for k in DEMO_COLUMNS), *(("yes" if same[s] else "no",) if same else ()))
+          for s in sorted(runs, key=int)),
+        row(f"{seeds_of(runs)} (mean ± sd)", *(pm(*stats[k]) for k in DEMO_COLUMNS), *("" for _ in extra)),
         row("minus `off`'s mean (the table above)",
-            *(diff(stats[k][0] - off[k][0], max(stats[k][1], off[k][1])) for k in DEMO_COLUMNS)), "",
-        f"{BOLD} `DEVICE_AUGMENT=decode` on seed 0 {decode} (the demo's images are PNGs: its workers decode them "
-        "and the device makes the crops)."])
+            *(diff(stats[k][0] - off[k][0], max(stats[k][1], off[k][1])) for k in DEMO_COLUMNS), *("" for _ in extra)),
+        "", BOLD])
 
 
 # ------------------------------------------------------------------------------------------
