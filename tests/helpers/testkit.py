@@ -1,6 +1,7 @@
 """Shared test helpers: launching VISSL's launcher and gloo workers, composing configs, small
 image folders.  ``tests/`` is not a package (VISSL owns the top-level name ``tests``):
 ``tests/conftest.py`` puts this folder on ``sys.path``."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -122,6 +123,85 @@ def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return Path(log_path).read_text()
+
+
+def train_in_process(overrides, cwd, engine_name="train"):
+    """A VISSL run in this process, as VISSL's own tests run one
+    (``vissl.utils.test_utils.run_integration_test``): the config composed from the launcher's
+    overrides as ``swav-plugin-train`` composes it, world size 1 (``NUM_PROC_PER_NODE=1``,
+    ``NUM_NODES=1`` unless ``overrides`` set them: VISSL then trains in the calling process),
+    VISSL's ``launch_distributed``, all in :func:`vissl_run_state` (working directory ``cwd``).
+    A failure raises.  Returns ``(run folder, the run's log.txt)``."""
+    import multiprocessing.forkserver
+
+    from vissl.hooks import default_hook_generator
+    from vissl.utils.checkpoint import get_checkpoint_folder
+    from vissl.utils.distributed_launcher import launch_distributed
+    from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
+
+    overrides = [*(f"config.DISTRIBUTED.{key}=1" for key in ("NUM_PROC_PER_NODE", "NUM_NODES")
+                   if not any(o.startswith(f"config.DISTRIBUTED.{key}=") for o in overrides)), *overrides]
+    hooks = []
+    with vissl_run_state(cwd):
+        _, config = convert_to_attrdict(compose_hydra_configuration(overrides))
+        if config.DATA.NUM_DATALOADER_WORKERS and config.MULTI_PROCESSING_METHOD == "forkserver":
+            # the plugin's launcher stops every process a run started: a forkserver started by
+            # the run would be killed, and multiprocessing's next use of it raises ChildProcessError
+            multiprocessing.forkserver.ensure_running()
+        try:
+            launch_distributed(config, node_id=0, engine_name=engine_name,
+                               hook_generator=lambda cfg: hooks.extend(default_hook_generator(cfg)) or hooks)
+        finally:
+            # VISSL's loss hook keeps stdout.json open, buffered, until the process exits
+            for hook in hooks:
+                if getattr(hook, "json_stdout_logger", None) is not None:
+                    hook.json_stdout_logger.close()
+        folder = Path(get_checkpoint_folder(config)).resolve()
+    log = folder / "log.txt"
+    return folder, log.read_text() if log.exists() else ""
+
+
+@contextlib.contextmanager
+def vissl_run_state(cwd):
+    """Runs VISSL's launcher or a tool (``knn_eval.main``) in this process with the working
+    directory ``cwd``, then puts back what the run changed in this process and would change
+    for the tests after it (each reset: what it undoes; tests/integration/package/
+    test_in_process_runner_integration.py fails without any one of them)."""
+    import logging
+    import multiprocessing
+
+    import torch.distributed as dist
+    from vissl.utils.logger import _cached_log_stream
+
+    environ, here = dict(os.environ), os.getcwd()
+    method = multiprocessing.get_start_method(allow_none=True)
+    root_handlers = list(logging.Logger.root.handlers)
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+        # VISSL's setup_distributed keeps its process group
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        # VISSL sets RANK, WORLD_SIZE, LOCAL_RANK; the plugin's launcher VISSL_SWAV_PLUGIN_LAUNCHER
+        os.environ.clear()
+        os.environ.update(environ)
+        # VISSL's setup_multiprocessing_method forces the config's start method
+        multiprocessing.set_start_method(method, force=True)
+        # VISSL's setup_logging makes its logger logging.root and drops the root's handlers
+        logging.root = logging.Logger.root
+        logging.root.handlers = root_handlers
+        # VISSL keeps log.txt open by its (relative) name: the next run's would be this one's
+        _cached_log_stream.cache_clear()
+        # the plugin's launcher makes this process the sub-reaper of its descendants' orphans
+        _set_child_subreaper(0)
+
+
+def _set_child_subreaper(value):
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(36, value, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
 def load_script(relpath):

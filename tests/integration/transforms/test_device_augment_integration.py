@@ -1,16 +1,16 @@
-"""``config.DATA.TRAIN.DEVICE_AUGMENT``: end-to-end VISSL runs on the CPU (the launcher, one
-process, one loader worker) with the uint8 crops normalised (``normalize``), augmented and
-normalised (``photometric``), or decoded, cropped, augmented and normalised (``decode``) by the
-plugin's train step: the tests that start processes.
+"""``config.DATA.TRAIN.DEVICE_AUGMENT``: end-to-end VISSL runs on the CPU (world size 1, in the
+test process: ``testkit.train_in_process``; one loader worker, a process) with the uint8 crops
+normalised (``normalize``), augmented and normalised (``photometric``), or decoded, cropped,
+augmented and normalised (``decode``) by the plugin's train step.
 
-The in-process tests are in ``tests/unit/transforms/test_device_augment.py``."""
+The tests without a run are in ``tests/unit/transforms/test_device_augment.py``."""
 import json
 
 import numpy as np
 import pytest
 
 import vissl  # noqa: F401  (registers the plugin)
-from testkit import SMALL_TRUNK, STOCK_LAUNCHER, folder_data_overrides, make_image_folder, run_launcher
+from testkit import SMALL_TRUNK, folder_data_overrides, make_image_folder, train_in_process
 
 TRANSFORMS = ("[{name:multicrop_plugin,total_num_crops:4,num_crops:[2,2],size_crops:[40,24],"
               "crop_scales:[[0.14,1],[0.05,0.14]],color_jitter_p:0.8,grayscale_p:0.2,blur_p:0.5}]")
@@ -30,7 +30,7 @@ def test_quick_cpu_trains_with_device_augment(tmp_path, mode, data):
     ckpt = tmp_path / "ckpt"
     source = [] if data == "synthetic" else [*folder_data_overrides(make_image_folder(
         tmp_path / "imgs", per_class=8, ext="jpg")), "config.DATA.TRAIN.DATA_LIMIT=-1"]
-    proc = run_launcher([
+    _, log = train_in_process([
         "config=test/swav_plugin/quick_cpu", *SMALL_TRUNK, *source,
         f"config.DATA.TRAIN.TRANSFORMS={TRANSFORMS}",
         f"config.DATA.TRAIN.DEVICE_AUGMENT={mode}",
@@ -38,8 +38,7 @@ def test_quick_cpu_trains_with_device_augment(tmp_path, mode, data):
         "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
         "config.OPTIMIZER.num_epochs=1",
         f"config.CHECKPOINT.DIR={ckpt}",
-    ], cwd=tmp_path, launcher=STOCK_LAUNCHER)
-    log = proc.stdout
+    ], cwd=tmp_path)
     collator = COLLATORS[mode]
     assert f"device_augment_train_step: config.DATA.TRAIN.DEVICE_AUGMENT={mode} on cpu, collator {collator}" in log
     rows = [json.loads(line) for line in (ckpt / "stdout.json").read_text().splitlines()]
@@ -50,8 +49,8 @@ def test_quick_cpu_trains_with_device_augment(tmp_path, mode, data):
 def _run(tmp_path, name, overrides):
     ckpt = tmp_path / name / "ckpt"
     (tmp_path / name).mkdir()
-    run_launcher([*overrides, "config.DISTRIBUTED.NUM_PROC_PER_NODE=1", f"config.CHECKPOINT.DIR={ckpt}"],
-                 cwd=tmp_path / name, launcher=STOCK_LAUNCHER)
+    train_in_process([*overrides, "config.DISTRIBUTED.NUM_PROC_PER_NODE=1", f"config.CHECKPOINT.DIR={ckpt}"],
+                     cwd=tmp_path / name)
     losses = [json.loads(line)["loss"] for line in (ckpt / "stdout.json").read_text().splitlines()]
     final = sorted(ckpt.glob("model_final_checkpoint_phase*.torch"))
     assert final, sorted(p.name for p in ckpt.iterdir())
