@@ -16,13 +16,13 @@ import torch
 import vissl  # noqa: F401  (registers the plugin, applies compat)
 
 import compat_helpers as H
-from testkit import make_image_folder, run_launcher
+from testkit import make_image_folder, run_launcher, train_in_process
 
 SITE_TOOLS = Path(sysconfig.get_paths()["purelib"]) / "tools"
 
 
 # ------------------------------------------------------------------------------------------
-# Linear evaluation (VISSL engine, 1 process) from a weights file
+# Linear evaluation (VISSL engine, 1 process: in the test process) from a weights file
 # ------------------------------------------------------------------------------------------
 def test_vissl_linear_eval_from_weights_file(tmp_path):
     root = H.write_configs(tmp_path)
@@ -31,8 +31,8 @@ def test_vissl_linear_eval_from_weights_file(tmp_path):
     model = H.build_pretrain_model(seed=0)
     weights = H.save_weights_file(model, root / "weights.torch")
     ckpt = root / "ckpt"
-    run_launcher(["config=compat_test/tiny_linear", f"config.CHECKPOINT.DIR={ckpt}",
-                  f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}", *H.data_overrides(train, test)], cwd=root)
+    train_in_process(["config=compat_test/tiny_linear", f"config.CHECKPOINT.DIR={ckpt}",
+                      f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={weights}", *H.data_overrides(train, test)], cwd=root)
     metrics = [json.loads(line) for line in (ckpt / "metrics.json").read_text().splitlines()]
     names = {k for m in metrics for k in m}
     assert {"train_accuracy_list_meter", "test_accuracy_list_meter"} <= names
