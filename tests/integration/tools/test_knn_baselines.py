@@ -5,8 +5,11 @@ of our small trunk saved as VISSL saves it.
 
 Truths: scikit-learn's KNeighborsClassifier on pixels read here with PIL + torchvision
 (raw pixels), and the weighted kNN of tests/helpers/reference_swav.py on the features VISSL extracted
-(checkpoint and random initialisations).
+(checkpoint and random initialisations).  The tool runs in the test process
+(``testkit.vissl_run_state``; world size 1, no loader worker).
 """
+import contextlib
+import io
 import json
 import sys
 
@@ -15,15 +18,17 @@ import pytest
 import torch
 
 from reference_swav import reference_knn
-from testkit import REPO, SMALL_TRUNK, compose, folder_data_overrides, make_image_folder, run_script
+from testkit import REPO, SMALL_TRUNK, compose, folder_data_overrides, load_script, make_image_folder, vissl_run_state
 
-TOOL = REPO / "tools" / "knn_eval.py"
 TRUNK = ["config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.DEPTH=10", "config.MODEL.TRUNK.RESNET_SMALL_PLUGIN.WIDTH=8"]
 
 
 def _tool(*args, cwd):
-    proc = run_script([TOOL, *args], cwd=cwd)
-    return proc
+    """tools/knn_eval.py's main in this process: ``(exit status, its output)`` (VISSL's console
+    log handler writes to the ``sys.stdout`` of when the run sets it up)."""
+    with contextlib.redirect_stdout(io.StringIO()) as out, vissl_run_state(cwd):
+        code = load_script("tools/knn_eval.py").main([str(a) for a in args])
+    return code, out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +45,13 @@ def baseline_run(tmp_path_factory):
     ckpt = root / "model_final_checkpoint_phase0.torch"
     torch.save({"classy_state_dict": {"base_model": model.get_classy_state()}}, ckpt)
     out = root / "knn"
-    proc = _tool("--topk", "20", "--random-inits", "2", "--raw-pixels",
+    code, log = _tool("--topk", "20", "--random-inits", "2", "--raw-pixels",
                  "config=benchmark/swav_plugin/knn_fashion_mnist_cpu", *TRUNK,
                  *folder_data_overrides(train, "TRAIN", labels=True), *folder_data_overrides(test, "TEST", labels=True),
                  "config.DISTRIBUTED.NUM_PROC_PER_NODE=1", f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={ckpt}",
                  f"config.CHECKPOINT.DIR={out}", cwd=root)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    return dict(out=out, train=train, test=test, log=proc.stdout,
+    assert code == 0, log[-4000:]
+    return dict(out=out, train=train, test=test, log=log,
                 res=json.loads((out / "knn_results.json").read_text()))
 
 
@@ -106,7 +111,7 @@ def test_random_init_baseline_is_the_mean_over_initialisations(baseline_run):
         reference_knn(*feats[0], 20, res["sigma"], l2_norm=True)[0], abs=0.51)
 
 
-def test_baseline_options_parse_and_are_documented(tmp_path):
+def test_baseline_options_parse_and_are_documented(capsys):
     sys.path.insert(0, str(REPO / "tools"))
     try:
         import knn_eval
@@ -121,6 +126,9 @@ def test_baseline_options_parse_and_are_documented(tmp_path):
                 ["--random-inits", "two", "config=x"]):
         with pytest.raises(knn_eval.KnnEvalError, match=bad[0]):
             knn_eval.split_args(bad)
-    helptext = _tool("--help", cwd=tmp_path).stdout
+    with pytest.raises(SystemExit) as exit_:
+        load_script("tools/knn_eval.py").main(["--help"])
+    assert exit_.value.code == 0
+    helptext = capsys.readouterr().out
     for opt in ("--random-init ", "--random-inits N", "--raw-pixels", "--temperature T", "0.07"):
         assert opt in helptext, opt
