@@ -1,5 +1,6 @@
 """An official-format SwAV checkpoint, imported with swav-plugin-import, runs through VISSL's
-kNN benchmark (tools/knn_eval.py: VISSL's launcher and feature extraction in a subprocess).
+kNN benchmark (tools/knn_eval.py: VISSL's launcher and feature extraction, world size 1, in the
+test process: ``testkit.vissl_run_state``).
 
 Truths: the features VISSL extracts equal the official model's forward (a torchvision
 ResNet-50 with the official names; its stem padding differs only in where the zeros are
@@ -16,7 +17,7 @@ import torch.nn as nn
 import torchvision
 
 from reference_swav import reference_knn
-from testkit import REPO, folder_data_overrides, make_image_folder, run_script
+from testkit import folder_data_overrides, load_script, make_image_folder, vissl_run_state
 
 from vissl_swav_plugin.tools import weights as w
 
@@ -62,15 +63,14 @@ def test_imported_official_checkpoint_runs_vissl_knn_benchmark(tmp_path):
     train = make_image_folder(tmp_path / "train", classes=5, per_class=24, size=32, seed=3)
     test = make_image_folder(tmp_path / "test", classes=5, per_class=20, size=32, seed=4)
     out = tmp_path / "knn"
-    proc = run_script(
-        [REPO / "tools" / "knn_eval.py", "--topk", "20",
-         "config=benchmark/swav_plugin/knn_fashion_mnist_cpu", "config.MODEL.TRUNK.NAME=resnet",
-         "config.MODEL.TRUNK.RESNETS.DEPTH=50", *folder_data_overrides(train, "TRAIN", labels=True),
-         *folder_data_overrides(test, "TEST", labels=True), "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
-         "config.DATA.NUM_DATALOADER_WORKERS=0",
-         f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={ckpt}", f"config.CHECKPOINT.DIR={out}"],
-        cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    with vissl_run_state(tmp_path):
+        code = load_script("tools/knn_eval.py").main([
+            "--topk", "20", "config=benchmark/swav_plugin/knn_fashion_mnist_cpu", "config.MODEL.TRUNK.NAME=resnet",
+            "config.MODEL.TRUNK.RESNETS.DEPTH=50", *folder_data_overrides(train, "TRAIN", labels=True),
+            *folder_data_overrides(test, "TEST", labels=True), "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
+            "config.DATA.NUM_DATALOADER_WORKERS=0",
+            f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={ckpt}", f"config.CHECKPOINT.DIR={out}"])
+    assert code == 0
 
     ftr, ytr = _official_features(model, train)
     fte, yte = _official_features(model, test)
