@@ -132,8 +132,6 @@ def train_in_process(overrides, cwd, engine_name="train"):
     ``NUM_NODES=1`` unless ``overrides`` set them: VISSL then trains in the calling process),
     VISSL's ``launch_distributed``, all in :func:`vissl_run_state` (working directory ``cwd``).
     A failure raises.  Returns ``(run folder, the run's log.txt)``."""
-    import multiprocessing.forkserver
-
     from vissl.hooks import default_hook_generator
     from vissl.utils.checkpoint import get_checkpoint_folder
     from vissl.utils.distributed_launcher import launch_distributed
@@ -144,10 +142,6 @@ def train_in_process(overrides, cwd, engine_name="train"):
     hooks = []
     with vissl_run_state(cwd):
         _, config = convert_to_attrdict(compose_hydra_configuration(overrides))
-        if config.DATA.NUM_DATALOADER_WORKERS and config.MULTI_PROCESSING_METHOD == "forkserver":
-            # the plugin's launcher stops every process a run started: a forkserver started by
-            # the run would be killed, and multiprocessing's next use of it raises ChildProcessError
-            multiprocessing.forkserver.ensure_running()
         try:
             launch_distributed(config, node_id=0, engine_name=engine_name,
                                hook_generator=lambda cfg: hooks.extend(default_hook_generator(cfg)) or hooks)
@@ -184,9 +178,12 @@ def vissl_run_state(cwd):
         # VISSL's setup_distributed keeps its process group
         if dist.is_initialized():
             dist.destroy_process_group()
-        # VISSL sets RANK, WORLD_SIZE, LOCAL_RANK; the plugin's launcher VISSL_SWAV_PLUGIN_LAUNCHER
-        os.environ.clear()
-        os.environ.update(environ)
+        # VISSL's set_env_vars leaves the run's RANK, WORLD_SIZE and LOCAL_RANK
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            if key in environ:
+                os.environ[key] = environ[key]
+            else:
+                os.environ.pop(key, None)
         # VISSL's setup_multiprocessing_method forces the config's start method
         multiprocessing.set_start_method(method, force=True)
         # VISSL's setup_logging makes its logger logging.root and drops the root's handlers
@@ -194,14 +191,6 @@ def vissl_run_state(cwd):
         logging.root.handlers = root_handlers
         # VISSL keeps log.txt open by its (relative) name: the next run's would be this one's
         _cached_log_stream.cache_clear()
-        # the plugin's launcher makes this process the sub-reaper of its descendants' orphans
-        _set_child_subreaper(0)
-
-
-def _set_child_subreaper(value):
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(36, value, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
 def load_script(relpath):

@@ -28,6 +28,11 @@ Orphans holding the output pipe
     forkservers, spawned and forked DataLoader workers) also watches the launcher
     (``VISSL_SWAV_PLUGIN_LAUNCHER=<pid>:<start time>``, a ``pidfd`` or a 1 s poll) and
     exits as soon as the launcher is gone, even after a ``kill -9`` of the launcher.
+
+A caller that goes on after ``launch_distributed`` (a notebook, tests that train in their own
+process as VISSL's do) gets its state back when the run ends: its own multiprocessing
+forkserver is left running (multiprocessing reuses it for the next run; it exits with the
+process), and the sub-reaper flag and ``VISSL_SWAV_PLUGIN_LAUNCHER`` are what they were.
 """
 import logging
 import os
@@ -177,15 +182,30 @@ def stop_processes(grace_s: float = GRACE_S, keep=None) -> int:
     return len(procs)
 
 
-def _become_subreaper() -> None:
+def _subreaper(value=None) -> int:
+    """This process's child sub-reaper flag (Linux ``prctl``; 0 where unavailable), set to
+    ``value`` first unless None."""
     if not sys.platform.startswith("linux"):
-        return
+        return 0
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        if value is not None:
+            prctl(36, int(value), 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        flag = ctypes.c_int(0)
+        prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+        return flag.value
     except (OSError, AttributeError):
         logger.debug("prctl(PR_SET_CHILD_SUBREAPER) unavailable")
+        return 0
+
+
+def _own_forkserver(me: int) -> dict:
+    """pid -> start time of the multiprocessing forkserver that ``me`` itself started (a
+    direct child): multiprocessing reuses it for the next run, and it exits with ``me``."""
+    return {p: s for p, s in _descendants(me).items()
+            if (_stat(p) or (None,))[0] == me and b"multiprocessing.forkserver" in _cmdline(p)}
 
 
 # --------------------------------------------------------------------------------------
@@ -258,9 +278,11 @@ def _launch_distributed(cfg, node_id, engine_name, hook_generator, *args, **kwar
     SIGHUP and never leaves a process of the run behind (see the module docstring)."""
     from vissl.utils import distributed_launcher as dl
 
-    start, keep = _stat(os.getpid()), _descendants(os.getpid())
-    os.environ[LAUNCHER_ENV] = f"{os.getpid()}:{start[1] if start else ''}"
-    _become_subreaper()
+    me = os.getpid()
+    start, keep = _stat(me), _descendants(me)
+    caller = os.environ.get(LAUNCHER_ENV), _subreaper()
+    os.environ[LAUNCHER_ENV] = f"{me}:{start[1] if start else ''}"
+    _subreaper(1)
     main = threading.current_thread() is threading.main_thread()
     before = {}
     if main:
@@ -282,9 +304,14 @@ def _launch_distributed(cfg, node_id, engine_name, hook_generator, *args, **kwar
     finally:
         for sig in before:
             signal.signal(sig, signal.SIG_IGN)
-        stop_processes(keep=keep)  # orphans of a failed rank, adopted as sub-reaper
+        stop_processes(keep={**keep, **_own_forkserver(me)})  # orphans of a failed rank, adopted as sub-reaper
         for sig, handler in before.items():
             signal.signal(sig, handler)
+        if caller[0] is None:
+            os.environ.pop(LAUNCHER_ENV, None)
+        else:
+            os.environ[LAUNCHER_ENV] = caller[0]
+        _subreaper(caller[1])
 
 
 @register
