@@ -1,9 +1,18 @@
 """The evaluation suite (issue 3, item 5) on a checkpoint of ours, end to end on CPU, through
-VISSL's own tools and our configs in configs/config/benchmark/swav_plugin/:: the tests that start processes (VISSL's launcher, gloo workers, subprocesses).
+VISSL's own tools and our configs in configs/config/benchmark/swav_plugin/.  The runs are in the
+test process at world size 1 (``testkit.train_in_process``; VISSL's ``train_svm_low_shot.py``,
+``tools/knn_eval.py`` and ``tools/convert_to_detectron2.py`` by their ``main`` in
+``testkit.vissl_run_state``), except the kNN run of 2 processes, whose subject includes rank 1's
+features (VISSL's launcher through ``tools/knn_eval.py``) and the suite's fixture (shared with the
+unit part, ``eval_suite_cases.suite``).
 
 The in-process tests are in ``tests/unit/tools/test_eval_suite.py``.
 """
+import contextlib
+import importlib
+import io
 import json
+import os
 import pickle
 import re
 from pathlib import Path
@@ -13,8 +22,8 @@ import pytest
 import torch
 
 from reference_swav import reference_knn
-from testkit import REPO, SITE, compose, run_launcher, run_script
-from eval_suite_cases import (FMNIST, PER_CLASS, TRUNK, _tool, _trunk_of, suite,)  # noqa: F401  (fixtures and cases shared with the unit part)
+from testkit import REPO, SITE, compose, load_script, run_script, train_in_process, vissl_run_state
+from eval_suite_cases import (FMNIST, PER_CLASS, TRUNK, _trunk_of, suite,)  # noqa: F401  (fixtures and cases shared with the unit part)
 
 HEAD10 = ["config.MODEL.HEAD.PARAMS=[[mlp,{dims:[64,10]}]]"]  # 8 x WIDTH -> 10 classes
 
@@ -55,17 +64,52 @@ def _metrics(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+@contextlib.contextmanager
+def _suite_catalog(suite):
+    """The suite's datasets registered in this process, as VISSL registers the catalog of
+    VISSL_DATASET_CATALOG_PATH (once, when ``vissl.data.dataset_catalog`` is imported); the
+    registry and the environment put back afterwards."""
+    from vissl.data.dataset_catalog import VisslDatasetCatalog, register_datasets
+
+    name = "_VisslDatasetCatalog__REGISTERED_DATASETS"
+    saved, environ = dict(getattr(VisslDatasetCatalog, name)), dict(os.environ)
+    os.environ.update(suite["env"])
+    register_datasets(str(suite["catalog"]))
+    try:
+        yield
+    finally:
+        setattr(VisslDatasetCatalog, name, saved)
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def _train(suite, overrides, cwd):
+    """``testkit.train_in_process`` on the suite's datasets: ``(run folder, log.txt)``."""
+    with _suite_catalog(suite):
+        return train_in_process(overrides, cwd=cwd)
+
+
+def _main(main, *args, cwd):
+    """A tool's ``main(argv)`` in this process (``testkit.vissl_run_state``): ``(exit status,
+    what it printed, stdout and stderr together)``."""
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(out), vissl_run_state(cwd):
+        code = main([str(a) for a in args])
+    return code, out.getvalue()
+
+
 # ------------------------------------------------------------------------------------------
 # linear classification on frozen features
 # ------------------------------------------------------------------------------------------
 @needs_fmnist
-def test_linear_eval_2proc_trains_head_on_our_frozen_trunk(suite, tmp_path):
+def test_linear_eval_trains_head_on_our_frozen_trunk(suite, tmp_path):
     out = tmp_path / "linear"
-    run_launcher(["config=benchmark/swav_plugin/linear_fashion_mnist_cpu", *TRUNK,
-                  "config.MODEL.HEAD.PARAMS=[[eval_mlp,{in_channels:64,dims:[64,10]}]]",
-                  f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={suite['ckpt']}", "config.OPTIMIZER.num_epochs=2",
-                  "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=16",
-                  f"config.CHECKPOINT.DIR={out}"], cwd=tmp_path, env=suite["env"])
+    _train(suite, ["config=benchmark/swav_plugin/linear_fashion_mnist_cpu", *TRUNK,
+                   "config.MODEL.HEAD.PARAMS=[[eval_mlp,{in_channels:64,dims:[64,10]}]]",
+                   f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={suite['ckpt']}", "config.OPTIMIZER.num_epochs=2",
+                   # world size 1: 32 per replica keeps the global batch (and steps per epoch) of the
+                   # config's 2 processes x 16
+                   "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32",
+                   f"config.CHECKPOINT.DIR={out}"], cwd=tmp_path)
     ck = torch.load(out / "model_final_checkpoint_phase1.torch", map_location="cpu", weights_only=False)
     model = ck["classy_state_dict"]["base_model"]["model"]
     post = _strip(model["trunk"])
@@ -91,6 +135,7 @@ def _knn_top1(train_f, train_y, test_f, test_y, k, sigma=0.1):
 
 @needs_fmnist
 def test_knn_20_and_200_2proc_from_our_checkpoint(suite, tmp_path):
+    """A real launch of 2 processes: rank 1's features are part of what is checked."""
     from vissl.utils.misc import merge_features
 
     out = tmp_path / "knn"
@@ -119,8 +164,8 @@ def test_knn_20_and_200_2proc_from_our_checkpoint(suite, tmp_path):
 
 
 def test_knn_tool_rejects_bad_arguments(tmp_path):
-    proc = run_script([REPO / "tools" / "knn_eval.py", "--topk", "0"], cwd=tmp_path)
-    assert proc.returncode == 2 and "--topk" in proc.stdout
+    code, out = _main(load_script("tools/knn_eval.py").main, "--topk", "0", cwd=tmp_path)
+    assert code == 2 and "--topk" in out
 
 
 # ------------------------------------------------------------------------------------------
@@ -139,18 +184,28 @@ def _interpolated_ap(labels, scores):
 
 
 @needs_fmnist
-def test_low_shot_svm_2proc_from_our_checkpoint(suite, tmp_path):
+def test_low_shot_svm_from_our_checkpoint(suite, tmp_path):
+    """VISSL's tools/train_svm_low_shot.py (its ``hydra_main``) in this process, world size 1:
+    no count below depends on it (the features of every rank are merged).  The tool trains its
+    SVMs in a process (multiprocessing, the config's forkserver), which imports the tool by name:
+    VISSL's top-level ``tools`` package."""
+    import multiprocessing.forkserver
+
     from vissl.utils.misc import merge_features
 
     out, k = tmp_path / "svm", 5
     costs = [0.1, 1.0, 10.0]
-    proc = run_launcher(
-        ["config=benchmark/swav_plugin/low_shot_svm_fashion_mnist_cpu", *TRUNK,
-         f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={suite['ckpt']}", "config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
-         "config.SVM.low_shot.sample_inds=[1]", f"config.SVM.low_shot.k_values=[{k}]",
-         f"config.SVM.costs.costs_list=[{','.join(map(str, costs))}]", f"config.CHECKPOINT.DIR={out}"],
-        cwd=tmp_path, env=suite["env"], launcher=SITE / "tools" / "train_svm_low_shot.py")
-    assert "Results:" in proc.stdout
+    tool = importlib.import_module("tools.train_svm_low_shot")
+    assert Path(tool.__file__) == SITE / "tools" / "train_svm_low_shot.py"
+    # as testkit.train_in_process: a forkserver started by the run would be stopped with the run
+    multiprocessing.forkserver.ensure_running()
+    with _suite_catalog(suite):
+        _, log = _main(tool.hydra_main, "config=benchmark/swav_plugin/low_shot_svm_fashion_mnist_cpu", *TRUNK,
+                       f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={suite['ckpt']}", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
+                       "config.SVM.low_shot.sample_inds=[1]", f"config.SVM.low_shot.k_values=[{k}]",
+                       f"config.SVM.costs.costs_list=[{','.join(map(str, costs))}]", f"config.CHECKPOINT.DIR={out}",
+                       cwd=tmp_path)
+    assert "Results:" in log
     # VISSL's sample: exactly k training images per class
     labels = np.load(out / f"train_labels_sample1_k{k}.npy")
     assert np.bincount(labels).tolist() == [k] * 10
@@ -215,15 +270,15 @@ def _check_lr_schedule(out, trunk_lr, head_lr):
 
 
 @needs_fmnist
-def test_semi_sup_1pct_2proc_fine_tunes_from_our_checkpoint_with_two_lrs(suite, tmp_path):
+def test_semi_sup_1pct_fine_tunes_from_our_checkpoint_with_two_lrs(suite, tmp_path):
     out = tmp_path / "semi1"
-    run_launcher(["config=benchmark/swav_plugin/semi_sup_1pct_fashion_mnist_cpu", *TRUNK, *HEAD10,
-                  f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={suite['ckpt']}", "config.OPTIMIZER.num_epochs=3",
-                  # the paper's decays at epochs 12 and 16, moved to 1 and 2 for a 3-epoch run
-                  "config.OPTIMIZER.param_schedulers.lr.milestones=[1,2]",
-                  "config.OPTIMIZER.param_schedulers.lr_head.milestones=[1,2]",
-                  "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4", f"config.CHECKPOINT.DIR={out}"],
-                 cwd=tmp_path, env=suite["env"])
+    _train(suite, ["config=benchmark/swav_plugin/semi_sup_1pct_fashion_mnist_cpu", *TRUNK, *HEAD10,
+                   f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={suite['ckpt']}", "config.OPTIMIZER.num_epochs=3",
+                   # the paper's decays at epochs 12 and 16, moved to 1 and 2 for a 3-epoch run
+                   "config.OPTIMIZER.param_schedulers.lr.milestones=[1,2]",
+                   "config.OPTIMIZER.param_schedulers.lr_head.milestones=[1,2]",
+                   # world size 1: 8 per replica keeps the global batch of the config's 2 processes x 4
+                   "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8", f"config.CHECKPOINT.DIR={out}"], cwd=tmp_path)
     ck = _check_lr_schedule(out, trunk_lr=0.02, head_lr=5.0)
     model = ck["classy_state_dict"]["base_model"]["model"]
     _check_fine_tuned_from(suite["trunk"], model["trunk"])
@@ -236,13 +291,13 @@ def test_semi_sup_1pct_2proc_fine_tunes_from_our_checkpoint_with_two_lrs(suite, 
 @needs_fmnist
 def test_semi_sup_10pct_fine_tunes_from_our_checkpoint(suite, tmp_path):
     out = tmp_path / "semi10"
-    proc = run_launcher(["config=benchmark/swav_plugin/semi_sup_10pct_fashion_mnist_cpu", *TRUNK, *HEAD10,
-                         f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={suite['ckpt']}", "config.OPTIMIZER.num_epochs=3",
-                         "config.OPTIMIZER.param_schedulers.lr.milestones=[1,2]",
-                         "config.OPTIMIZER.param_schedulers.lr_head.milestones=[1,2]",
-                         "config.DISTRIBUTED.NUM_PROC_PER_NODE=1", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=25",
-                         f"config.CHECKPOINT.DIR={out}"], cwd=tmp_path, env=suite["env"])
-    assert "lr: [0.01, 0.2]" in proc.stdout  # VISSL's log of the first iteration: [trunk, head]
+    _, log = _train(suite, ["config=benchmark/swav_plugin/semi_sup_10pct_fashion_mnist_cpu", *TRUNK, *HEAD10,
+                            f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={suite['ckpt']}", "config.OPTIMIZER.num_epochs=3",
+                            "config.OPTIMIZER.param_schedulers.lr.milestones=[1,2]",
+                            "config.OPTIMIZER.param_schedulers.lr_head.milestones=[1,2]",
+                            "config.DISTRIBUTED.NUM_PROC_PER_NODE=1", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=25",
+                            f"config.CHECKPOINT.DIR={out}"], cwd=tmp_path)
+    assert "lr: [0.01, 0.2]" in log  # VISSL's log of the first iteration: [trunk, head]
     ck = _check_lr_schedule(out, trunk_lr=0.01, head_lr=0.2)
     _check_fine_tuned_from(suite["trunk"], ck["classy_state_dict"]["base_model"]["model"]["trunk"])
     labels = np.load(suite["data"] / "subsets" / "fashion_mnist_per10_labels.npy")
@@ -299,7 +354,9 @@ def _vissl_checkpoint(overrides, path, tmp_path):
 
 def _convert(src, tmp_path, suffix):
     d2_path, tv_path = tmp_path / f"d2.{suffix}", tmp_path / "tv.pth"
-    out = _tool(REPO / "tools" / "convert_to_detectron2.py", src, d2_path, "--torchvision", tv_path, cwd=tmp_path)
+    code, out = _main(load_script("tools/convert_to_detectron2.py").main, src, d2_path, "--torchvision", tv_path,
+                      cwd=tmp_path)
+    assert code == 0, out[-4000:]
     if suffix == "pkl":
         with open(d2_path, "rb") as f:
             d2 = pickle.load(f)
@@ -365,6 +422,6 @@ def test_our_trained_checkpoint_converts_tensor_for_tensor(suite, tmp_path):
 def test_converter_names_a_non_resnet_key(tmp_path):
     torch.save({"model_state_dict": {"conv1.weight": torch.zeros(1), "blocks.0.attn.qkv.weight": torch.zeros(1)}},
                tmp_path / "vit.torch")
-    proc = run_script([REPO / "tools" / "convert_to_detectron2.py", tmp_path / "vit.torch", tmp_path / "o.pkl"],
+    code, out = _main(load_script("tools/convert_to_detectron2.py").main, tmp_path / "vit.torch", tmp_path / "o.pkl",
                       cwd=tmp_path)
-    assert proc.returncode == 2 and "blocks.0.attn.qkv.weight" in proc.stdout
+    assert code == 2 and "blocks.0.attn.qkv.weight" in out
