@@ -22,12 +22,6 @@ if str(HELPERS) not in sys.path:
 
 from testkit import REPO  # noqa: E402
 
-# Hydra's config files parsed once per test process (tests/helpers/config_parse_cache.py; the
-# processes the tests start keep OmegaConf's own load); VISSL_SWAV_PLUGIN_TEST_PARSE_CACHE=0: off
-import config_parse_cache  # noqa: E402
-
-config_parse_cache.install_unless_off()
-
 KINDS = ("unit", "integration")
 
 # the demo's measured --amp auto keeps its answer in a per-user cache: the suite (and every demo

@@ -16,8 +16,7 @@ comments dropped, each line split at ``&&``, ``;`` and ``|``, ``VAR=value`` and
   and ``swav-plugin-train`` takes Hydra overrides only;
 * **``config=`` commands** (``swav-plugin-train``, ``tools/run_distributed_engines.py``, VISSL's
   ``run_distributed_engines.py``, ``torchrun ... -m vissl_swav_plugin.tools.torchrun`` and our
-  other tools' overrides) are composed with their overrides in one process per page (a fork of the
-  test zygote, or a new interpreter where the page exports variables), in the page's working
+  other tools' overrides) are composed with their overrides in one process per page, in the page's working
   directory, with the placeholder paths (:data:`PLACEHOLDERS`) replaced by generated image folders,
   and the launchers' configs go through the plugin's launch checks (``run_launch_checks``): a
   dropped ``LABEL_PATHS``, a config that does not exist, a missing folder fail there as they would
@@ -583,8 +582,7 @@ def _queue_config(cmd, overrides, state, cwd, launch, world=None):
 def compose_jobs(jobs, cwd, exported=None, timeout=600):
     """Compose every job's config in one Python process in ``cwd`` (the page's working
     directory: its ./configs come first), run the launch checks where asked; returns errors.
-    The process is a fork of the test zygote, as the suite's launches (``testkit.run_script``),
-    unless the page exported variables."""
+    The process is a new interpreter (``testkit.run_script``)."""
     import tempfile
 
     import testkit
@@ -594,9 +592,9 @@ def compose_jobs(jobs, cwd, exported=None, timeout=600):
         with os.fdopen(fd, "w") as f:
             json.dump(jobs, f)
         # a page's exported variables are read at import (VISSL's dataset catalog path, relative
-        # to the page's directory): a new interpreter there, as before
+        # to the page's directory)
         proc = testkit.run_script([__file__, "--compose-jobs", jobs_file], cwd, env=dict(exported or {}),
-                                  timeout=timeout, fresh=bool(exported))
+                                  timeout=timeout)
     finally:
         os.unlink(jobs_file)
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]

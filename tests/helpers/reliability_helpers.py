@@ -13,17 +13,15 @@ class Run:
         self.returncode, self.stdout = returncode, stdout
 
 
-def run_failing_launcher(overrides, cwd, env=None, timeout=HANG_S, fresh=False):
+def run_failing_launcher(overrides, cwd, env=None, timeout=HANG_S):
     """VISSL's stock launcher in its own session, output to a file; afterwards every
     process left in that session is killed.  When one rank fails, torch's start_processes
     SIGTERMs the other, and that rank's forkserver and DataLoader worker then keep each other
     alive forever (the worker watches its parent, the forkserver; the forkserver waits for the
-    worker): a caller reading the output through a pipe would wait for them forever.
-    ``fresh``: as in ``testkit.run_launcher`` (by default a fork of the suite's warm zygote,
-    its ranks forked too)."""
+    worker): a caller reading the output through a pipe would wait for them forever."""
     log = Path(cwd) / f"launcher_{uuid.uuid4().hex[:8]}.log"
     with open(log, "w") as f:
-        proc = start_launcher(overrides, cwd, f, env=env, fresh=fresh)
+        proc = start_launcher(overrides, cwd, f, env=env)
         try:
             rc = proc.wait(timeout=timeout)
         finally:

@@ -8,15 +8,11 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import zygote  # the standard library only: cheap for the unit tests that import testkit
-
-
 REPO = Path(__file__).resolve().parents[2]
 #: Bound for a *hung* subprocess (seconds), never a speed requirement: far above what any
 #: run needs on an idle machine, so a busy one does not fail the suite; below pytest.ini's
-#: per-test ``timeout`` (1200 s), so a hung run fails its test with the run's output.  Scale it
-#: with VISSL_SWAV_PLUGIN_TEST_HANG_S.
-HANG_S = int(os.environ.get("VISSL_SWAV_PLUGIN_TEST_HANG_S", "900"))
+#: per-test ``timeout`` (1200 s), so a hung run fails its test with the run's output.
+HANG_S = 900
 SITE = Path(sysconfig.get_paths()["purelib"])
 STOCK_LAUNCHER = SITE / "tools" / "run_distributed_engines.py"
 PLUGIN_LAUNCHER = REPO / "tools" / "run_distributed_engines.py"
@@ -30,45 +26,22 @@ SMALL_TRUNK = [
 ]
 
 
-def _warm(fresh):
-    """Whether a run goes through the zygote (tests/helpers/zygote.py): not when the test asks
-    for a fresh interpreter or sets VISSL_SWAV_PLUGIN_TEST_FRESH=1.  A run with an ``env`` of
-    its own gets a zygote started with that environment (a module may read it at import)."""
-    return not fresh and zygote.enabled()
-
-
-def run_launcher(overrides, cwd, launcher=STOCK_LAUNCHER, env=None, timeout=HANG_S, check=True, fresh=False):
-    """Run a VISSL launcher; returns CompletedProcess (stdout+stderr).  ``fresh``: in a new
-    interpreter with spawned ranks, as a user's run; otherwise in a fork of the suite's warm
-    zygote with forked ranks (tests/helpers/zygote.py)."""
-    proc = run_script([launcher, *overrides], cwd, env=env, timeout=timeout, fresh=fresh)
+def run_launcher(overrides, cwd, launcher=STOCK_LAUNCHER, env=None, timeout=HANG_S, check=True):
+    """Run a VISSL launcher in a new interpreter (its ranks spawned, as a user's run); returns
+    CompletedProcess (stdout+stderr)."""
+    proc = run_script([launcher, *overrides], cwd, env=env, timeout=timeout)
     if check and proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-80:])
         raise AssertionError(f"launcher failed (rc={proc.returncode}):\n{tail}")
     return proc
 
 
-def run_script(argv, cwd, env=None, timeout=HANG_S, fresh=False):
+def run_script(argv, cwd, env=None, timeout=HANG_S):
     """Run a Python script (``argv``: its path and arguments, or ``-m``, a module and its
     arguments) as ``python argv...`` with ``launcher_env(env)``; returns CompletedProcess
-    (stdout+stderr, text).  As for ``run_launcher``: in a fork of the warm zygote unless
-    ``fresh`` (a new interpreter; what a test of how the process starts needs)."""
-    argv = [str(a) for a in argv]
-    if _warm(fresh):
-        code, out = zygote.run(argv, cwd, launcher_env(env), timeout)
-        return subprocess.CompletedProcess([sys.executable, *argv], code, out)
-    return subprocess.run([sys.executable, *argv], cwd=str(cwd), env=launcher_env(env), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
-
-
-def python_command(env=None, fresh=False):
-    """What a shell command can run in place of ``python``: ``[python, -S, zygote.py, SOCKET]``,
-    which runs a script in a fork of the warm zygote of ``launcher_env(env)`` with the shell's
-    working directory, environment and output (:func:`zygote.main`), or ``[python]`` (a new
-    interpreter) where the run must be fresh, as in :func:`run_script`."""
-    if _warm(fresh):
-        return [sys.executable, "-S", zygote.__file__, zygote.address(launcher_env(env))]
-    return [sys.executable]
+    (stdout+stderr, text)."""
+    return subprocess.run([sys.executable, *map(str, argv)], cwd=str(cwd), env=launcher_env(env),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
 
 
 def launcher_env(env=None):
@@ -87,26 +60,21 @@ def launcher_env(env=None):
     return full_env
 
 
-def start_launcher(overrides, cwd, log, launcher=STOCK_LAUNCHER, env=None, fresh=False):
+def start_launcher(overrides, cwd, log, launcher=STOCK_LAUNCHER, env=None):
     """Start a launcher in a session of its own (its pid is the process group's), its output
-    to the open file ``log``; returns an object with ``pid``, ``poll()`` and ``wait(timeout)``.
-    ``fresh``: as in ``run_launcher``."""
-    if _warm(fresh):
-        return zygote.Run([str(launcher), *overrides], cwd, launcher_env(env), log.fileno())
+    to the open file ``log``; returns the Popen."""
     return subprocess.Popen([sys.executable, str(launcher), *overrides], cwd=str(cwd), env=launcher_env(env),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER, env=None, timeout=HANG_S,
-                       fresh=False):
+def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER, env=None, timeout=HANG_S):
     """Start a launcher, and kill its whole process group (a crash, as far as the run can
-    tell) as soon as ``marker`` appears in its output.  Returns the output so far.
-    ``fresh``: as in ``run_launcher``."""
+    tell) as soon as ``marker`` appears in its output.  Returns the output so far."""
     import signal
     import time
 
     with open(log_path, "w") as log:
-        proc = start_launcher(overrides, cwd, log, launcher=launcher, env=env, fresh=fresh)
+        proc = start_launcher(overrides, cwd, log, launcher=launcher, env=env)
         deadline = time.time() + timeout
         try:
             while time.time() < deadline:

@@ -150,9 +150,6 @@ def main(argv):
     import vissl  # noqa: F401  (the plugin registers here unless VISSL_SWAV_PLUGIN_DISABLE=1)
 
     logging.disable(logging.WARNING)
-    import config_parse_cache  # this folder: the script's own
-
-    config_parse_cache.install_unless_off()
     cases = all_cases()
     if len(argv) > 1:
         only = set(json.loads(Path(argv[1]).read_text()))

@@ -66,7 +66,7 @@ def _run(tmp_path, omp):
     overrides = ["config=test/swav_plugin/quick_cpu", *SMALL_TRUNK, *folder_data_overrides(images),
                  f"config.DISTRIBUTED.NUM_PROC_PER_NODE={PROCS}", "config.OPTIMIZER.num_epochs=1",
                  f"config.CHECKPOINT.DIR={tmp_path / 'ckpt'}"]
-    proc = run_launcher(overrides, tmp_path, launcher=script, fresh=True,
+    proc = run_launcher(overrides, tmp_path, launcher=script,
                         env={"THREADS_TEST_OUT": str(out), "OMP_NUM_THREADS": omp, "MKL_NUM_THREADS": None})
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank_*.json"))]
     assert sorted(r["rank"] for r in ranks) == [str(r) for r in range(PROCS)], (ranks, proc.stdout[-3000:])

@@ -5,9 +5,7 @@ Every override set of VISSL v0.1.6's ``tests/test_configs.py`` and VISSL's ``tes
 the installed VISSL's configs, as VISSL lists them) is composed with the plugin active, and with
 ``VISSL_SWAV_PLUGIN_DISABLE=1`` wherever the verdict depends on VISSL alone's outcome (the cases
 the plugin fails, and those whose test checks values), in a working directory without a
-``configs/`` folder: VISSL alone in a fresh interpreter, the plugin's two runners in forks of the
-suite's warm zygote (``tests/helpers/zygote.py``: an interpreter that imported VISSL with the
-plugin on, as a fresh one does; ``VISSL_SWAV_PLUGIN_TEST_FRESH=1``: fresh ones).  Wherever VISSL alone passes, the plugin must pass with
+``configs/`` folder, each runner a new interpreter.  Wherever VISSL alone passes, the plugin must pass with
 the values VISSL's test checks; wherever VISSL alone fails, the plugin may pass (a host breakage
 its compat layer mends) or fail the same way.  The configs VISSL's tests only compose are
 converted too (``converted:`` cases), so that every config VISSL ships (but its detectron2 ones)
@@ -21,13 +19,12 @@ from vissl_own_config_cases import EXPLICIT, all_cases
 RUNNER = REPO / "tests" / "helpers" / "vissl_own_config_cases.py"
 
 
-def _run(tmp_path, name, env, only, fresh=False):
-    """Start the runner on the case ids ``only`` (a list), in a fork of the warm zygote unless
-    ``fresh`` (``testkit.start_launcher``); returns (its output file, its log file, the process)."""
+def _run(tmp_path, name, env, only):
+    """Start the runner on the case ids ``only`` (a list) (``testkit.start_launcher``); returns (its output file, its log file, the process)."""
     only_file, out, log = tmp_path / f"{name}.only.json", tmp_path / f"{name}.json", tmp_path / f"{name}.log"
     only_file.write_text(json.dumps(only))
     with open(log, "w") as f:
-        return out, log, start_launcher([str(out), str(only_file)], tmp_path, f, launcher=RUNNER, env=env, fresh=fresh)
+        return out, log, start_launcher([str(out), str(only_file)], tmp_path, f, launcher=RUNNER, env=env)
 
 
 def _collect(runs):
@@ -51,7 +48,7 @@ def _outcomes(tmp_path):
     cases = sorted(all_cases())
     on = _collect({f"on{i}": _run(tmp_path, f"on{i}", {}, cases[i::2]) for i in range(2)})
     needed = sorted(case for case in cases if needs_vissl_alone(case, on[case]))
-    off = _collect({"off": _run(tmp_path, "off", {"VISSL_SWAV_PLUGIN_DISABLE": "1"}, needed, fresh=True)})
+    off = _collect({"off": _run(tmp_path, "off", {"VISSL_SWAV_PLUGIN_DISABLE": "1"}, needed)})
     assert set(off) == set(needed)
     return on, off
 

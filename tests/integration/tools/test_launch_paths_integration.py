@@ -72,8 +72,7 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(root):
-    """VISSL's launcher on one node, 2 processes (a fork of the suite's warm zygote: the same
-    losses and weights as a fresh interpreter's, tests/integration/package/test_zygote_integration.py)."""
+    """VISSL's launcher on one node, 2 processes."""
     proc = run_script(["-m", "vissl_swav_plugin.tools.launch", *quick(root / "images", root / "ck_vissl")], root,
                       env={"VISSL_SWAV_PLUGIN_TRACE_DIR": str(root / "tr_vissl")})
     assert proc.returncode == 0, proc.stdout[-5000:]
