@@ -4,8 +4,9 @@
 Both in the test process at world size 1 (``main`` in ``testkit.vissl_run_state``; the linear
 evaluation by ``testkit.train_in_process``); integration because every VISSL run starts ``lscpu``.
 
-The launcher's entry paths as processes (``swav-plugin-train`` with 2 gloo processes, torchrun,
-SLURM) are run in ``tests/integration/tools/test_launch_paths_integration.py``; what a run does
+The launcher as processes: ``python -m vissl_swav_plugin.tools.launch`` with 2 gloo processes (the
+reference of torchrun and SLURM) in ``tests/integration/tools/test_launch_paths_integration.py``,
+``tools/run_distributed_engines.py`` in ``tests/integration/compat/test_launcher_signals.py``; what a run does
 step by step (our loss, the frozen then moving prototypes, the queue of each process) and its kill
 and AUTO_RESUME are checked on the runs of ``tests/integration/compat/test_reliability.py``."""
 import pytest
