@@ -1,4 +1,12 @@
-"""DeepCluster-v2 and SeLa-v2 in VISSL: the tests that start processes (VISSL's launcher, gloo workers, subprocesses).
+"""DeepCluster-v2 and SeLa-v2 in VISSL: the tests that start processes (VISSL's launcher, gloo
+workers, subprocesses).
+
+End to end, 2 epochs then a resume from the epoch-0 checkpoint: DeepCluster-v2 with 2 gloo
+processes through VISSL's launcher (its subject includes the memory bank of both ranks, gathered
+into the checkpoint and restored per rank: the code of both methods' base class,
+``memory_bank_loss``); SeLa-v2 in the test process at world size 1 (``testkit.train_in_process``),
+its Sinkhorn-Knopp over a bank split between 2 processes checked against one process on the
+whole bank in ``tests/integration/utils/test_clustering_integration.py``.
 
 The in-process tests are in ``tests/unit/losses/test_deepcluster_sela_e2e.py``.
 """
@@ -9,7 +17,7 @@ import shutil
 import pytest
 import torch
 
-from testkit import HANG_S, compose, run_launcher
+from testkit import HANG_S, compose, run_launcher, train_in_process
 from vissl_swav_plugin.utils.clustering import sela_assign, spherical_kmeans
 from vissl_swav_plugin.utils.memory_bank import IGNORE_INDEX
 from deepcluster_sela_e2e_cases import load  # noqa: F401
@@ -22,8 +30,10 @@ METHODS = {
         loss="deepclusterv2_plugin_loss",
         # fp64 k-means: one process and two processes then agree bit for bit
         extra=["config.LOSS.deepclusterv2_plugin_loss.kmeans_dtype=float64"],
+        in_process=False,  # the config's 2 processes, VISSL's launcher
     ),
-    "sela": dict(config="pretrain/sela_v2/selav2_quick_cpu", loss="selav2_plugin_loss", extra=[]),
+    # testkit.train_in_process: world size 1
+    "sela": dict(config="pretrain/sela_v2/selav2_quick_cpu", loss="selav2_plugin_loss", extra=[], in_process=True),
 }
 
 
@@ -37,40 +47,52 @@ def runs(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"e2e_{request.param}")
     ck_a, ck_b = root / "a", root / "b"
     base = [f"config={m['config']}"] + m["extra"]
-    a = run_launcher(base + [f"config.CHECKPOINT.DIR={ck_a}"], cwd=root)
+    cfg = compose(base)
+    world = 1 if m["in_process"] else cfg.DISTRIBUTED.NUM_NODES * cfg.DISTRIBUTED.NUM_PROC_PER_NODE
+
+    def train(ck):
+        if m["in_process"]:
+            return train_in_process(base + [f"config.CHECKPOINT.DIR={ck}"], cwd=root)[1]
+        return run_launcher(base + [f"config.CHECKPOINT.DIR={ck}"], cwd=root).stdout
+
+    log_a = train(ck_a)
     # resume from the epoch-0 checkpoint alone, in a fresh folder
     ck_b.mkdir()
     shutil.copy(ck_a / "model_phase0.torch", ck_b / "model_phase0.torch")
     os.symlink("model_phase0.torch", ck_b / "checkpoint.torch")
-    b = run_launcher(base + [f"config.CHECKPOINT.DIR={ck_b}"], cwd=root)
+    log_b = train(ck_b)
     return dict(
         method=request.param,
         loss=m["loss"],
-        log_a=a.stdout,
-        log_b=b.stdout,
+        world=world,
+        # the loss lines (rank 0's) of the 2 epochs
+        iterations=N // (cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA * world) * cfg.OPTIMIZER.num_epochs,
+        log_a=log_a,
+        log_b=log_b,
         a0=load(ck_a / "model_phase0.torch"),
         a1=load(ck_a / "model_final_checkpoint_phase1.torch"),
         b1=load(ck_b / "model_final_checkpoint_phase1.torch"),
     )
 
 
-def test_both_ranks_label_epoch1_from_the_epoch0_bank(runs):
-    name, log = runs["loss"], runs["log_a"]
-    for rank in (0, 1):
+def test_every_rank_labels_epoch1_from_the_epoch0_bank(runs):
+    name, log, world = runs["loss"], runs["log_a"], runs["world"]
+    for rank in range(world):
         assert re.search(rf"{name}: rank {rank}: epoch 0: pseudo-labels from the memory bank filled in "
-                         rf"the initial forward pass \({N} rows over 2 processes\)", log)
+                         rf"the initial forward pass \({N} rows over {world} processes\)", log)
         assert re.search(rf"{name}: rank {rank}: epoch 1: pseudo-labels from the memory bank filled in "
-                         rf"epoch 0 \({N} rows over 2 processes\); samples labelled per clustering: "
+                         rf"epoch 0 \({N} rows over {world} processes\); samples labelled per clustering: "
                          rf"\[{N}, {N}, {N}\]", log)
+    assert f"{name}: rank {world}:" not in log
     losses = [float(x) for x in re.findall(r"loss: ([-\d.eE+naif]+);", log)]
-    assert len(losses) == 8 and all(torch.isfinite(torch.tensor(losses)))
+    assert len(losses) == runs["iterations"] and all(torch.isfinite(torch.tensor(losses)))
 
 
-def test_checkpoint_holds_the_whole_bank_of_both_ranks(runs):
+def test_checkpoint_holds_the_whole_bank_of_every_rank(runs):
     for ck, epoch in ((runs["a0"], 0), (runs["a1"], 1)):
         st = ck["loss"]
         assert int(st["memory_epoch"]) == epoch and int(st["assign_epoch"]) == epoch
-        # every sample once: the two processes' rows (16 each), gathered at the epoch end
+        # every sample once: the rows of every process (N / world each), gathered at the epoch end
         assert torch.equal(st["memory_ids"], torch.arange(N))
         emb = st["memory_embeddings"]
         assert emb.shape == (2, N, 16)  # crops_for_mb [0, 1], embedding_dim 16
@@ -100,10 +122,10 @@ def test_epoch1_labels_are_recomputed_from_the_epoch0_bank(runs):
 
 
 def test_resume_keeps_bank_and_pseudo_labels(runs):
-    log_b = runs["log_b"]
-    name = runs["loss"]
-    for rank in (0, 1):
-        assert re.search(rf"{name}: rank {rank}: memory bank restored \(16 of {N} rows, filled in epoch 0\)", log_b)
+    log_b, name, world = runs["log_b"], runs["loss"], runs["world"]
+    for rank in range(world):  # each rank restores its share of the rows
+        assert re.search(rf"{name}: rank {rank}: memory bank restored \({N // world} of {N} rows, filled in epoch 0\)",
+                         log_b)
         assert re.search(rf"{name}: rank {rank}: epoch 1: pseudo-labels from the memory bank filled in epoch 0", log_b)
     assert "filling the memory bank with a forward pass" not in log_b  # no new initial pass
     a1, b1 = runs["a1"]["loss"], runs["b1"]["loss"]

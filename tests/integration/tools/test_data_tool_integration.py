@@ -1,7 +1,7 @@
 """tools/prepare_fashion_mnist.py: IDX -> VISSL disk_folder / disk_filelist + catalog,
 loaded back through VISSL's own datasets and compared with the IDX source.
-The tests that start processes (VISSL's launcher, gloo workers, subprocesses); the 2-process use of
-its catalog is tests/integration/transforms/test_multicrop_integration.py's SimCLR run.
+The tests that start processes (VISSL's launcher, gloo workers, subprocesses); a training that reads
+its catalog (with a loader worker) is tests/integration/transforms/test_multicrop_integration.py's SimCLR run.
 
 The in-process tests are in ``tests/unit/tools/test_data_tool.py``.
 """

@@ -1,20 +1,22 @@
-"""multicrop_plugin: crop geometry, per-crop augmentations, VISSL pipeline / collator
-compatibility and VISSL's built-in multi-crop SimCLR loss training with it (1 and 2
-processes): the tests that start processes (VISSL's launcher, gloo workers, subprocesses).
+"""multicrop_plugin: VISSL's built-in multi-crop SimCLR loss trained with our transform, in the
+test process at world size 1 (``testkit.train_in_process``), without a loader worker and with one
+(a process: integration).
 
 The in-process tests are in ``tests/unit/transforms/test_multicrop.py``.
 """
+import contextlib
 import json
+import re
 
 import numpy as np
 import pytest
 
 import vissl  # noqa: F401  (registers the plugin)
-from testkit import make_image_folder, run_launcher, STOCK_LAUNCHER
+from testkit import folder_data_overrides, make_image_folder, train_in_process
 
 
 # -- VISSL's built-in multi-crop SimCLR loss, trained with our transform ------------------
-def simclr_overrides(ckpt, nproc, workers):
+def simclr_overrides(ckpt, workers):
     return [
         "config=pretrain/simclr/simclr_8node_resnet",
         "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
@@ -34,8 +36,6 @@ def simclr_overrides(ckpt, nproc, workers):
         "config.OPTIMIZER.param_schedulers.lr.name=constant",
         "config.OPTIMIZER.param_schedulers.lr.value=0.1",
         "config.DISTRIBUTED.BACKEND=gloo",
-        "config.DISTRIBUTED.NUM_NODES=1",
-        f"config.DISTRIBUTED.NUM_PROC_PER_NODE={nproc}",
         "config.DISTRIBUTED.RUN_ID=auto",
         "config.MACHINE.DEVICE=cpu",
         "config.HOOKS.PERF_STATS.MONITOR_PERF_STATS=False",
@@ -44,34 +44,47 @@ def simclr_overrides(ckpt, nproc, workers):
     ]
 
 
-@pytest.mark.parametrize("nproc, workers", [(1, 0), (2, 1)])
-def test_vissl_multicrop_simclr_trains_with_our_transform(tmp_path, nproc, workers):
-    """VISSL's stock launcher, VISSL's multicrop_simclr_info_nce_loss (paper appendix:
-    SimCLR with multi-crop), our transform + small trunk.  The 2-process run uses gloo, a
-    DataLoader worker (spawned processes must find the transform registered) and data
-    prepared by tools/prepare_fashion_mnist.py, found through its dataset catalog."""
-    from multicrop_helpers import load_data_tool, make_fake_fashion
-    from testkit import folder_data_overrides
+@contextlib.contextmanager
+def registered_catalog(path):
+    """The datasets of a catalog file registered in this process, as VISSL registers the file of
+    VISSL_DATASET_CATALOG_PATH when it is imported (that lookup in a fresh process:
+    tests/integration/tools/test_data_tool_integration.py); VISSL's registry put back afterwards."""
+    from vissl.data.dataset_catalog import VisslDatasetCatalog, register_datasets
 
-    env = None
-    if nproc == 1:
-        folder = make_image_folder(tmp_path / "imgs", classes=2, per_class=8, size=32)
-        data = folder_data_overrides(folder)
+    name = "_VisslDatasetCatalog__REGISTERED_DATASETS"
+    saved = dict(getattr(VisslDatasetCatalog, name))
+    register_datasets(str(path))
+    try:
+        yield
+    finally:
+        setattr(VisslDatasetCatalog, name, saved)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_vissl_multicrop_simclr_trains_with_our_transform(tmp_path, workers):
+    """VISSL's multicrop_simclr_info_nce_loss (paper appendix: SimCLR with multi-crop), our
+    transform + small trunk, one process.  The run with a DataLoader worker (a process that must
+    find the transform registered) reads data prepared by tools/prepare_fashion_mnist.py, found
+    through its dataset catalog."""
+    from multicrop_helpers import load_data_tool, make_fake_fashion
+
+    catalog = contextlib.nullcontext()
+    if workers == 0:
+        data = folder_data_overrides(make_image_folder(tmp_path / "imgs", classes=2, per_class=8, size=32))
     else:
         make_fake_fashion(tmp_path / "idx", n_train=16, n_val=10)
         summary = load_data_tool().prepare(tmp_path / "fm", source=tmp_path / "idx", splits=["train"],
                                            verbose=False)
-        env = {"VISSL_DATASET_CATALOG_PATH": summary["catalog"]}
+        catalog = registered_catalog(summary["catalog"])
         data = ["config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
                 "config.DATA.TRAIN.DATASET_NAMES=[fashion_mnist_folder]"]
-    ckpt = tmp_path / "ckpt"
-    proc = run_launcher(simclr_overrides(ckpt, nproc, workers) + data, cwd=tmp_path,
-                        launcher=STOCK_LAUNCHER, env=env)
-    log = proc.stdout
+    with catalog:
+        ckpt, log = train_in_process(simclr_overrides(tmp_path / "ckpt", workers) + data, cwd=tmp_path)
     assert "MultiCropSimclrInfoNCELoss" in log
-    assert log.count("Setting multicrop num_crops: 4") == nproc  # inferred from our transform
+    world = int(re.search(r"Using Distributed init method: \S+, world_size: (\d+)", log).group(1))
+    assert log.count("Setting multicrop num_crops: 4") == world  # once per process; inferred from our transform
     rows = [json.loads(line) for line in (ckpt / "stdout.json").read_text().splitlines()]
-    iters = 16 // (4 * nproc)
+    iters = 16 // (4 * world)  # 16 images, 4 per replica
     assert [r["iter"] for r in rows] == list(range(iters))
     assert all(np.isfinite(r["loss"]) and r["loss"] > 0 for r in rows)
     assert (ckpt / "model_final_checkpoint_phase0.torch").is_file()

@@ -1,6 +1,6 @@
 """resnet_small_plugin: registration, shapes, parameter layout vs torchvision's ResNets,
 VISSL model building (trunk + heads), feature extraction by key, config errors.
-(2-process training with this trunk: tests/integration/transforms/test_multicrop_integration.py's SimCLR run.)"""
+(2-process training with this trunk: tests/integration/tools/test_launch_paths_integration.py.)"""
 import pytest
 import torch
 import torch.nn as nn

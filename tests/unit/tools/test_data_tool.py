@@ -1,6 +1,6 @@
 """tools/prepare_fashion_mnist.py: IDX -> VISSL disk_folder / disk_filelist + catalog,
 loaded back through VISSL's own datasets and compared with the IDX source.
-(2-process use of its catalog: tests/integration/transforms/test_multicrop_integration.py's SimCLR run.)"""
+(a training that reads its catalog: tests/integration/transforms/test_multicrop_integration.py's SimCLR run.)"""
 import json
 
 import numpy as np
