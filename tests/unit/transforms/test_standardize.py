@@ -5,7 +5,8 @@ the demo's evaluation input.
 Independent truths: the closed form ``(x - mean) / max(std, floor)`` computed in numpy
 (float64); its invariance to ``a x + b`` (a > 0); the same transform with ``normalize:
 dataset`` and mean 0 / std 1 (the crops are the same draws, standardised afterwards);
-VISSL's own transform pipeline and dataset builder; a fresh interpreter's registry."""
+VISSL's own transform pipeline and dataset builder (a fresh interpreter's registry:
+tests/integration/package/test_registration_integration.py)."""
 
 import numpy as np
 import pytest
