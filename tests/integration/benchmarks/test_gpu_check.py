@@ -1,24 +1,23 @@
 """``benchmarks/gpu_check.py --dry-run``: the GPU suite's code path on the CPU at tiny sizes
 (`make test` runs it so that the suite cannot rot before a GPU is available).
 
-Checked against independent truths: the machine fields against the subprocess' own
-interpreter and torch, every ratio against the two times it is made of, the "bound by"
-verdict against the two rates, and a section that runs out of time recorded as an error
-while the sections not re-run are kept."""
+Checked against independent truths: the machine fields against the test's own interpreter and
+torch, every ratio against the two times it is made of, the "bound by" verdict against the two
+rates, and a section that runs out of time recorded as an error while the sections not re-run
+are kept.
+
+gpu_check's ``main`` runs in the test process; each section is a process of its own, as in a
+real run (its time limit stops it)."""
 import json
 import math
 
 import pytest
 
-from testkit import REPO, load_script, run_script
+from testkit import load_script
 
-SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 SECTIONS = ("sinkhorn", "train_step", "step_variants", "pretrain", "input_pipeline", "loop_variants",
             "worker_stages", "flagship", "demo")
-
-
-def _run(out, *extra, timeout=3000):  # a bound for a hang, not a speed requirement
-    return run_script([SCRIPT, "--dry-run", "--out", out, *extra], cwd=REPO, timeout=timeout)
+gc = load_script("benchmarks/gpu_check.py")
 
 
 def _numbers(d):
@@ -34,9 +33,10 @@ def dry_run(tmp_path_factory):
     """One dry run of every section, read by the tests below; its demo section runs two seeds
     at once, with an option of the demo's own (``--probes on``, the dry run's being off)."""
     out = tmp_path_factory.mktemp("gpu_check")
-    proc = _run(out, "--demo-args", "--probes on", "--demo-seeds", "1,2")
-    assert proc.returncode == 0, proc.stdout[-5000:]
-    return out, json.loads((out / "gpu_check.json").read_text()), (out / "gpu_check.md").read_text()
+    code = gc.main(["--dry-run", "--out", str(out), "--demo-args", "--probes on", "--demo-seeds", "1,2"])
+    doc = json.loads((out / "gpu_check.json").read_text())
+    assert code == 0, {k: v for k, v in doc["results"].items() if "error" in v}
+    return out, doc, (out / "gpu_check.md").read_text()
 
 
 def test_dry_run_measures_every_section(dry_run):
@@ -159,7 +159,6 @@ def test_flagship_record(dry_run):
 def test_default_gpu_sections_fit_one_call():
     """A GPU run without --sections fits one call of at most 10 minutes: its sections' limits
     add up to at most 9 minutes (the rest: installing the bundle)."""
-    gc = load_script("benchmarks/gpu_check.py")
     assert set(gc.DEFAULT_SECTIONS) <= set(gc.SECTIONS) == set(SECTIONS)
     assert sum(gc.LIMITS[s][0] for s in gc.DEFAULT_SECTIONS) <= 540
     assert {"loop_variants", "flagship", "step_variants"} <= set(gc.DEFAULT_SECTIONS)
@@ -188,10 +187,10 @@ def _copy_of(doc, tmp_path):
 
 
 def test_a_failing_section_is_recorded_and_the_others_kept(dry_run, tmp_path):
+    """The section's process stopped at the time limit: an error, exit code 1."""
     out, doc, _ = dry_run
     work = _copy_of(doc, tmp_path)
-    proc = _run(work, "--sections", "sinkhorn", "--limit", "0.01", timeout=1800)
-    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert gc.main(["--dry-run", "--out", str(work), "--sections", "sinkhorn", "--limit", "0.01"]) == 1
     new = json.loads((work / "gpu_check.json").read_text())
     assert "ran out of its 0.01 s" in new["results"]["sinkhorn"]["error"]
     for name in SECTIONS[1:]:
@@ -199,16 +198,22 @@ def test_a_failing_section_is_recorded_and_the_others_kept(dry_run, tmp_path):
     assert "| sinkhorn | ERROR |" in (work / "gpu_check.md").read_text()
 
 
-def test_unknown_section_is_named(tmp_path):
-    proc = _run(tmp_path, "--sections", "sinkhorn,trainstep", timeout=1800)
-    assert proc.returncode == 2
-    assert "unknown section 'trainstep'" in proc.stdout and "train_step" in proc.stdout
+def _refused(tmp_path, capsys, *extra):
+    """gpu_check's ``main`` stopped by its argument parser: exit code 2, the error line."""
+    with pytest.raises(SystemExit) as exit_:
+        gc.main(["--dry-run", "--out", str(tmp_path), *extra])
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
 
 
-def test_bad_demo_seeds_stop_before_any_section(tmp_path):
-    proc = _run(tmp_path, "--demo-seeds", "0,one", timeout=1800)
-    assert proc.returncode == 2
-    assert "--demo-seeds takes comma-separated integers, got '0,one'" in proc.stdout
+def test_unknown_section_is_named(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--sections", "sinkhorn,trainstep")
+    assert "unknown section 'trainstep'" in err and "train_step" in err
+
+
+def test_bad_demo_seeds_stop_before_any_section(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--demo-seeds", "0,one")
+    assert "--demo-seeds takes comma-separated integers, got '0,one'" in err
     assert not (tmp_path / "gpu_check.json").exists()  # no section ran
 
 
@@ -233,7 +238,6 @@ def test_demo_seeds_run_at_once_and_are_averaged(dry_run):
 def test_demo_gets_an_absolute_data_path(tmp_path, monkeypatch):
     """The demo runs in a temporary folder: a relative --fashion-mnist (``make gpu-check``
     passes ``offline_bundle/fashion-mnist``) must reach it as the same folder, absolute."""
-    gc = load_script("benchmarks/gpu_check.py")
     (tmp_path / "bundle" / "fm").mkdir(parents=True)
     for name in gc.FM_FILES:
         (tmp_path / "bundle" / "fm" / name).write_bytes(b"")

@@ -1,6 +1,8 @@
 """SwAV on real images: `tools/demo.py --quick` for 6 of its 12 epochs (VISSL's launcher, 2 gloo
 processes, our loss / head / multi-crop / small trunk, Fashion-MNIST) must give features
 whose kNN accuracy beats the *same* network at its random initialisation: the tests that start processes (VISSL's launcher, gloo workers, subprocesses).
+The demo's runs that stop on bad data (before its launcher) and the evaluation tool on a demo's
+checkpoint run their ``main`` in the test process.
 
 The in-process tests are in ``tests/unit/demo/test_real_data_swav.py``.
 """
@@ -10,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testkit import REPO, run_script
+from testkit import REPO, load_script, run_script, vissl_run_state
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_FILES = [FMNIST / f"{s}-{k}-ubyte.gz" for s in ("train", "t10k") for k in ("images-idx3", "labels-idx1")]
@@ -137,29 +139,32 @@ def _write_test_folder(folder, per_class):
     return summary["splits"]["val"]["dir"]
 
 
-def test_demo_names_a_missing_dataset_file(tmp_path):
-    proc = run_script(
-        [str(REPO / "tools" / "demo.py"), "--quick", "--out", str(tmp_path / "o"),
-         "--data-dir", str(tmp_path / "data"), "--source", str(tmp_path / "nowhere")],
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 2, proc.stdout[-3000:]
-    assert f"{tmp_path / 'nowhere'}/train-images-idx3-ubyte.gz" in proc.stdout
-    assert "dataset-fashion-mnist" in proc.stdout and "Traceback" not in proc.stdout
+def _demo_stopped(tmp_path, capsys, source):
+    """``python tools/demo.py --quick --source SOURCE`` in this process (it stops at its data
+    step, before its launcher): its exit code and output (stdout and stderr)."""
+    capsys.readouterr()
+    with vissl_run_state(tmp_path):
+        code = load_script("tools/demo.py").main(["--quick", "--out", str(tmp_path / "o"),
+                                                  "--data-dir", str(tmp_path / "data"), "--source", str(source)])
+    out = capsys.readouterr()
+    return code, out.out + out.err
 
 
-def test_demo_names_a_corrupt_dataset_file(tmp_path):
+def test_demo_names_a_missing_dataset_file(tmp_path, capsys):
+    code, out = _demo_stopped(tmp_path, capsys, tmp_path / "nowhere")
+    assert code == 2, out[-3000:]
+    assert f"{tmp_path / 'nowhere'}/train-images-idx3-ubyte.gz" in out
+    assert "dataset-fashion-mnist" in out and "Traceback" not in out
+
+
+def test_demo_names_a_corrupt_dataset_file(tmp_path, capsys):
     src = tmp_path / "fm"
     src.mkdir()
     for p in FMNIST_FILES:
         (src / p.name).write_bytes(b"\x1f\x8b not really gzip")
-    proc = run_script(
-        [str(REPO / "tools" / "demo.py"), "--quick", "--out", str(tmp_path / "o"),
-         "--data-dir", str(tmp_path / "data"), "--source", str(src)],
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 2, proc.stdout[-3000:]
-    assert str(src / "train-images-idx3-ubyte.gz") in proc.stdout and "Traceback" not in proc.stdout
+    code, out = _demo_stopped(tmp_path, capsys, src)
+    assert code == 2, out[-3000:]
+    assert str(src / "train-images-idx3-ubyte.gz") in out and "Traceback" not in out
 
 
 @pytest.fixture(scope="module")
@@ -204,22 +209,24 @@ def test_demo_shows_a_collapse_on_the_console_in_the_report_and_the_figure(colla
                                              "on Fashion-MNIST, ")
 
 
-def test_eval_tool_on_a_demo_checkpoint_gives_the_demos_numbers(collapsed):
+def test_eval_tool_on_a_demo_checkpoint_gives_the_demos_numbers(collapsed, monkeypatch, capsys):
     """swav-plugin-eval (``--demo-report``) on a demo's checkpoint and images gives the numbers
     of the demo's report, every method and protocol, with the report's own evaluation settings
     (this run's one random init; the small collapsed run: the equality does not depend on how
-    well the network trained)."""
+    well the network trained).  The tool's ``main`` runs in this process, on one thread as the
+    demo's evaluation (``OMP_NUM_THREADS=1``, which the demo's process had)."""
+    from vissl_swav_plugin.tools import feature_eval
+
     tmp_path, out = collapsed["root"], collapsed["out"]
     report = json.loads((out / "swav_demo_report.json").read_text())
     knn, probes, mode = report["knn"], report["probes"], report["config"]["mode"]
     test_dir = _write_test_folder(tmp_path / "fm_test", mode["test_per_class"])
     eval_json = tmp_path / "eval.json"
-    ev = run_script(
-        ["-m", "vissl_swav_plugin.tools.feature_eval", "--demo-report", str(out / "swav_demo_report.json"),
-         "--train", str(report["data"]["folder"]), "--test", str(test_dir), "--output-json", str(eval_json)],
-        cwd=tmp_path,
-    )
-    assert ev.returncode == 0, ev.stdout[-4000:]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with vissl_run_state(tmp_path):
+        code = feature_eval.main(["--demo-report", str(out / "swav_demo_report.json"), "--train",
+                                  str(report["data"]["folder"]), "--test", str(test_dir), "--output-json", str(eval_json)])
+    assert code == 0, capsys.readouterr().err[-4000:]
     tool = json.loads(eval_json.read_text())
     for key in ("swav", "random_init", "raw_pixels"):
         for m in ("knn20", "knn200", "nn5_euclid"):

