@@ -16,12 +16,12 @@ comments dropped, each line split at ``&&``, ``;`` and ``|``, ``VAR=value`` and
   and ``swav-plugin-train`` takes Hydra overrides only;
 * **``config=`` commands** (``swav-plugin-train``, ``tools/run_distributed_engines.py``, VISSL's
   ``run_distributed_engines.py``, ``torchrun ... -m vissl_swav_plugin.tools.torchrun`` and our
-  other tools' overrides) are composed with their overrides in one process per page, in the page's working
-  directory, with the placeholder paths (:data:`PLACEHOLDERS`) replaced by generated image folders,
-  and the launchers' configs go through the plugin's launch checks (``run_launch_checks``): a
-  dropped ``LABEL_PATHS``, a config that does not exist, a missing folder fail there as they would
-  at launch.  torchrun's ``--nnodes`` x ``--nproc_per_node`` must equal
-  the config's processes;
+  other tools' overrides) are composed with their overrides in the test process, in the page's
+  working directory with its exported variables (:func:`compose_jobs`), the placeholder paths
+  (:data:`PLACEHOLDERS`) replaced by generated image folders, and the launchers' configs go
+  through the plugin's launch checks (``run_launch_checks``): a dropped ``LABEL_PATHS``, a config
+  that does not exist, a missing folder fail there as they would at launch.  torchrun's
+  ``--nnodes`` x ``--nproc_per_node`` must equal the config's processes;
 * **commands that run on CPU in seconds** are run: every ``--help``, and the data tools
   (:data:`RUNNABLE`) when their input exists in the page's working directory, so that the files
   they write are there for the next command.
@@ -35,7 +35,6 @@ import contextlib
 import importlib
 import importlib.util
 import io
-import json
 import os
 import re
 import shlex
@@ -113,7 +112,7 @@ class Command:
 class PageState:
     activated: bool = False
     env: dict = field(default_factory=dict)
-    jobs: list = field(default_factory=list)  # config compositions, done in one process (compose_jobs)
+    jobs: list = field(default_factory=list)  # config compositions, done at the page's end (compose_jobs)
     run_enabled: bool = True  # run the runnable commands (subprocesses)
     exported: dict = field(default_factory=dict)  # `export`ed variables: the environment of later commands
 
@@ -334,7 +333,7 @@ def _map_paths(token, world):
 def check_page(text, page, world=None, cwd=None, compose=True, run=True):
     """Errors (``page:line: ...``) of one page's shell blocks.  ``world``: the placeholder data
     root (:func:`setup_world`); ``cwd``: the page's working directory; ``compose`` / ``run``:
-    compose the configs / run the runnable commands in subprocesses (off for unit tests)."""
+    compose the configs (in this process) / run the runnable commands (processes)."""
     errors, state = [], PageState(env={"SITE": str(SITE), "HOME": os.environ.get("HOME", "/root")})
     state.run_enabled = run
     world = Path(world) if world else Path("/nonexistent-world")
@@ -468,7 +467,8 @@ def _maybe_run(cmd, prog, args, state, cwd):
 
 
 def _run(cmd, argv, cwd, state, timeout=300):
-    if not state_runs_enabled(state):
+    """Run a console script or script (a real process, as the user's shell runs it)."""
+    if not state.run_enabled:
         return []
     env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **state.exported)
@@ -477,10 +477,6 @@ def _run(cmd, argv, cwd, state, timeout=300):
     if proc.returncode != 0:
         return [f"`{' '.join(argv)}` failed (rc={proc.returncode}): {proc.stdout[-1500:]}"]
     return []
-
-
-def state_runs_enabled(state):
-    return state.run_enabled
 
 
 def _script_path(script, cwd):
@@ -579,62 +575,33 @@ def _queue_config(cmd, overrides, state, cwd, launch, world=None):
     return errors
 
 
-def compose_jobs(jobs, cwd, exported=None, timeout=600):
-    """Compose every job's config in one Python process in ``cwd`` (the page's working
-    directory: its ./configs come first), run the launch checks where asked; returns errors.
-    The process is a new interpreter (``testkit.run_script``)."""
-    import tempfile
-
-    import testkit
-
-    fd, jobs_file = tempfile.mkstemp(prefix="doc_jobs_", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(jobs, f)
-        # a page's exported variables are read at import (VISSL's dataset catalog path, relative
-        # to the page's directory)
-        proc = testkit.run_script([__file__, "--compose-jobs", jobs_file], cwd, env=dict(exported or {}),
-                                  timeout=timeout)
-    finally:
-        os.unlink(jobs_file)
-    marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
-    if proc.returncode != 0 or not marker:
-        return [f"composing the configs failed (rc={proc.returncode}): {proc.stdout[-3000:]}"]
-    return json.loads(marker[-1][2:])
-
-
-def _compose_main(jobs):
-    import logging
-
-    logging.disable(logging.WARNING)
-    import vissl  # noqa: F401
-    import vissl_swav_plugin
-
-    vissl_swav_plugin.register_all()
+def compose_jobs(jobs, cwd, exported=None):
+    """Compose every job's config in this process, in ``cwd`` (the page's working directory: its
+    ./configs come first) with the page's exported variables (``testkit.catalog_env``: VISSL reads
+    an exported VISSL_DATASET_CATALOG_PATH at import, so its catalog is registered here), and run
+    the launch checks where asked; returns errors."""
     from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
 
+    import testkit
     from vissl_swav_plugin.config.registries import run_launch_checks
 
     errors = []
-    for job in jobs:
-        overrides = [o for o in job["overrides"] if not o.startswith("node_id=")]
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                cfg = compose_hydra_configuration(overrides)
-                _, config = convert_to_attrdict(cfg, dump_config=False)
-                if job["launch"]:
-                    run_launch_checks(config)
-        except BaseException as e:  # noqa: B036 (Hydra raises many kinds)
-            errors.append(f"{job['where']}: {type(e).__name__}: {str(e).strip()[:800]}")
-            continue
-        world = config.DISTRIBUTED.NUM_NODES * config.DISTRIBUTED.NUM_PROC_PER_NODE
-        if job.get("world") and job["world"] != world:
-            errors.append(f"{job['where']}: torchrun starts {job['world']} processes, the config has {world} "
-                          f"(DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE)")
+    try:
+        with contextlib.chdir(cwd), testkit.catalog_env(exported or {}):
+            for job in jobs:
+                overrides = [o for o in job["overrides"] if not o.startswith("node_id=")]
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        _, config = convert_to_attrdict(compose_hydra_configuration(overrides), dump_config=False)
+                        if job["launch"]:
+                            run_launch_checks(config)
+                except (Exception, SystemExit) as e:  # Hydra raises many kinds
+                    errors.append(f"{job['where']}: {type(e).__name__}: {str(e).strip()[:800]}")
+                    continue
+                world = config.DISTRIBUTED.NUM_NODES * config.DISTRIBUTED.NUM_PROC_PER_NODE
+                if job.get("world") and job["world"] != world:
+                    errors.append(f"{job['where']}: torchrun starts {job['world']} processes, the config has "
+                                  f"{world} (DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE)")
+    except Exception as e:  # the page's environment itself (a missing catalog fails VISSL's import)
+        errors.append(f"composing the configs failed: {type(e).__name__}: {e}")
     return errors
-
-
-if __name__ == "__main__":  # python doc_commands.py --compose-jobs JOBS.json (compose_jobs' process)
-    if sys.argv[1:2] != ["--compose-jobs"] or len(sys.argv) != 3:
-        sys.exit("usage: doc_commands.py --compose-jobs JOBS.json")
-    print("@@" + json.dumps(_compose_main(json.loads(Path(sys.argv[2]).read_text()))))

@@ -161,6 +161,32 @@ def vissl_run_state(cwd):
         _cached_log_stream.cache_clear()
 
 
+
+@contextlib.contextmanager
+def catalog_env(env):
+    """This process with the environment ``env`` as a new interpreter started with it sees it:
+    the variables set and, as VISSL reads VISSL_DATASET_CATALOG_PATH once (when
+    ``vissl.data.dataset_catalog`` is imported), that catalog registered in place of the
+    registry's datasets (a path that does not exist raises, as that import does); the registry
+    and the environment put back afterwards."""
+    from vissl.data.dataset_catalog import VisslDatasetCatalog, register_datasets
+    from vissl.utils.misc import get_json_data_catalog_file
+
+    registry = VisslDatasetCatalog._VisslDatasetCatalog__REGISTERED_DATASETS
+    saved, environ = dict(registry), dict(os.environ)
+    try:
+        os.environ.update(env)
+        if "VISSL_DATASET_CATALOG_PATH" in env:
+            path = get_json_data_catalog_file()
+            VisslDatasetCatalog.clear()
+            register_datasets(path)
+        yield
+    finally:
+        registry.clear()
+        registry.update(saved)
+        os.environ.clear()
+        os.environ.update(environ)
+
 def load_script(relpath):
     """A checkout's file outside the package (``tools/doc_tables.py``, ``benchmarks/*.py``: not in
     the wheel, not importable by name) as a module, loaded once under its file's stem.  Its folder

@@ -4,8 +4,9 @@ overrides, not the files), and a runner that composes each one and records the o
 
 Run as a script (``python vissl_own_config_cases.py OUT.json [ONLY.json]``) it composes every
 case (or the case ids listed in ``ONLY.json``) in this process and writes ``{case id: {"outcome": "ok" | exception class, "values": {...}}}``; the
-regression guard (``tests/integration/config/test_vissl_own_config_tests.py``) runs it with the
-plugin active and with ``VISSL_SWAV_PLUGIN_DISABLE=1`` and compares.  ``values`` holds what
+regression guard (``tests/integration/config/test_vissl_own_config_tests.py``) runs it with
+``VISSL_SWAV_PLUGIN_DISABLE=1``, calls :func:`run_all` in its own process with the plugin active
+and compares.  ``values`` holds what
 VISSL's test asserts for that case (a trunk depth, a learning rate, an added key, the loss built).
 Cases named ``converted:<config>`` are the guard's own: VISSL's tests only compose those configs,
 and they are converted too so that the plugin's checks see every config VISSL ships.

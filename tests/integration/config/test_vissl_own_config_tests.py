@@ -5,35 +5,48 @@ Every override set of VISSL v0.1.6's ``tests/test_configs.py`` and VISSL's ``tes
 the installed VISSL's configs, as VISSL lists them) is composed with the plugin active, and with
 ``VISSL_SWAV_PLUGIN_DISABLE=1`` wherever the verdict depends on VISSL alone's outcome (the cases
 the plugin fails, and those whose test checks values), in a working directory without a
-``configs/`` folder, each runner a new interpreter.  Wherever VISSL alone passes, the plugin must pass with
+``configs/`` folder: the plugin's outcomes in the test process (which loaded the plugin, as a fresh
+interpreter does), VISSL alone's in a fresh interpreter (``tests/helpers/vissl_own_config_cases.py``
+run as a script: one where the plugin never loaded).  Wherever VISSL alone passes, the plugin must pass with
 the values VISSL's test checks; wherever VISSL alone fails, the plugin may pass (a host breakage
 its compat layer mends) or fail the same way.  The configs VISSL's tests only compose are
 converted too (``converted:`` cases), so that every config VISSL ships (but its detectron2 ones)
 goes through the plugin's checks.
 """
+import contextlib
 import json
+import logging
 
-from testkit import HANG_S, REPO, start_launcher
-from vissl_own_config_cases import EXPLICIT, all_cases
+import vissl_swav_plugin
+from testkit import REPO, run_script
+from vissl_own_config_cases import EXPLICIT, all_cases, run_all
 
 RUNNER = REPO / "tests" / "helpers" / "vissl_own_config_cases.py"
 
 
-def _run(tmp_path, name, env, only):
-    """Start the runner on the case ids ``only`` (a list) (``testkit.start_launcher``); returns (its output file, its log file, the process)."""
-    only_file, out, log = tmp_path / f"{name}.only.json", tmp_path / f"{name}.json", tmp_path / f"{name}.log"
-    only_file.write_text(json.dumps(only))
-    with open(log, "w") as f:
-        return out, log, start_launcher([str(out), str(only_file)], tmp_path, f, launcher=RUNNER, env=env)
+def _with_the_plugin(cases, cwd):
+    """The plugin's outcome on every case (``run_all``), in this process: VISSL's warnings off
+    while it composes, as in the runner."""
+    import vissl  # noqa: F401  (the plugin registers here, through its .pth hook)
+
+    assert vissl_swav_plugin.is_registered()
+    disabled = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.chdir(cwd):
+            return run_all(cases)
+    finally:
+        logging.disable(disabled)
 
 
-def _collect(runs):
-    result = {}
-    for name, (out, log, proc) in runs.items():
-        code = proc.wait(timeout=HANG_S)
-        assert code == 0, f"{name}: the runner failed:\n{log.read_text()[-4000:]}"
-        result.update(json.loads(out.read_text()))
-    return result
+def _vissl_alone(cases, cwd):
+    """VISSL alone's outcome on the case ids ``cases``: the runner in a fresh interpreter with
+    ``VISSL_SWAV_PLUGIN_DISABLE=1``."""
+    only, out = cwd / "off.only.json", cwd / "off.json"
+    only.write_text(json.dumps(cases))
+    proc = run_script([RUNNER, out, only], cwd, env={"VISSL_SWAV_PLUGIN_DISABLE": "1"})
+    assert proc.returncode == 0, f"the runner failed:\n{proc.stdout[-4000:]}"
+    return json.loads(out.read_text())
 
 
 def needs_vissl_alone(case, outcome_with_plugin):
@@ -43,13 +56,12 @@ def needs_vissl_alone(case, outcome_with_plugin):
 
 
 def _outcomes(tmp_path):
-    """The plugin's outcome on every case (two runners, half the cases each), then VISSL alone's
-    (``VISSL_SWAV_PLUGIN_DISABLE=1``) on the cases whose verdict needs it."""
-    cases = sorted(all_cases())
-    on = _collect({f"on{i}": _run(tmp_path, f"on{i}", {}, cases[i::2]) for i in range(2)})
+    """The plugin's outcome on every case, then VISSL alone's on the cases whose verdict needs it."""
+    cases = all_cases()
+    on = _with_the_plugin(cases, tmp_path)
     needed = sorted(case for case in cases if needs_vissl_alone(case, on[case]))
-    off = _collect({"off": _run(tmp_path, "off", {"VISSL_SWAV_PLUGIN_DISABLE": "1"}, needed)})
-    assert set(off) == set(needed)
+    off = _vissl_alone(needed, tmp_path)
+    assert set(on) == set(cases) and set(off) == set(needed)
     return on, off
 
 

@@ -107,3 +107,29 @@ def test_plant_errors_in_the_real_pages(world, tmp_path):
     own = (REPO / "docs" / "own_images.md").read_text()
     errors = _check(own.replace("swav-plugin-mean-std data/mine/train --name mine\n", ""), world, tmp_path)
     assert any("dataset_stats/mine.yaml" in e for e in errors), errors
+
+
+def test_an_exported_catalog_is_the_compositions_and_is_put_back(world, tmp_path):
+    """A page's exported VISSL_DATASET_CATALOG_PATH (VISSL reads it at import) is the catalog of
+    its compositions, relative to the page's directory; one that does not exist fails as VISSL's
+    import does; the test process's catalog and environment are left as they were."""
+    import json
+    import os
+
+    from vissl.data.dataset_catalog import VisslDatasetCatalog
+
+    before, environ = VisslDatasetCatalog.list(), dict(os.environ)
+    page = ACTIVATE + ("```bash\nexport VISSL_DATASET_CATALOG_PATH=cat/catalog.json\n"
+                       "swav-plugin-train config=test/swav_plugin/quick_cpu config.DATA.TRAIN.DATA_SOURCES=[disk_folder] "
+                       "config.DATA.TRAIN.DATASET_NAMES=[planted_folder] config.CHECKPOINT.DIR=ckpt\n```\n")
+    cwd = _page_cwd(tmp_path)
+    (cwd / "cat").mkdir()
+    (cwd / "cat" / "catalog.json").write_text(json.dumps({"planted_folder": {"train": ["my_images", "my_images"],
+                                                                             "val": ["my_images", "my_images"]}}))
+    assert dc.check_page(page, "planted.md", world=world, cwd=cwd) == []
+    errors = dc.check_page(page.replace("planted_folder]", "unplanted_folder]"), "planted.md", world=world, cwd=cwd)
+    assert any("'unplanted_folder' is not in VISSL's dataset catalog" in e and "planted_folder" in e
+               for e in errors), errors
+    errors = dc.check_page(page, "planted.md", world=world, cwd=_page_cwd(tmp_path / "none"))
+    assert any("cat/catalog.json not found" in e for e in errors), errors
+    assert VisslDatasetCatalog.list() == before and dict(os.environ) == environ

@@ -12,7 +12,6 @@ import contextlib
 import importlib
 import io
 import json
-import os
 import pickle
 import re
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 import torch
 
 from reference_swav import reference_knn
-from testkit import REPO, SITE, compose, load_script, run_script, train_in_process, vissl_run_state
+from testkit import REPO, SITE, catalog_env, compose, load_script, run_script, train_in_process, vissl_run_state
 from eval_suite_cases import (FMNIST, PER_CLASS, TRUNK, _trunk_of, suite,)  # noqa: F401  (fixtures and cases shared with the unit part)
 
 HEAD10 = ["config.MODEL.HEAD.PARAMS=[[mlp,{dims:[64,10]}]]"]  # 8 x WIDTH -> 10 classes
@@ -64,28 +63,9 @@ def _metrics(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-@contextlib.contextmanager
-def _suite_catalog(suite):
-    """The suite's datasets registered in this process, as VISSL registers the catalog of
-    VISSL_DATASET_CATALOG_PATH (once, when ``vissl.data.dataset_catalog`` is imported); the
-    registry and the environment put back afterwards."""
-    from vissl.data.dataset_catalog import VisslDatasetCatalog, register_datasets
-
-    name = "_VisslDatasetCatalog__REGISTERED_DATASETS"
-    saved, environ = dict(getattr(VisslDatasetCatalog, name)), dict(os.environ)
-    os.environ.update(suite["env"])
-    register_datasets(str(suite["catalog"]))
-    try:
-        yield
-    finally:
-        setattr(VisslDatasetCatalog, name, saved)
-        os.environ.clear()
-        os.environ.update(environ)
-
-
 def _train(suite, overrides, cwd):
     """``testkit.train_in_process`` on the suite's datasets: ``(run folder, log.txt)``."""
-    with _suite_catalog(suite):
+    with catalog_env(suite["env"]):
         return train_in_process(overrides, cwd=cwd)
 
 
@@ -199,7 +179,7 @@ def test_low_shot_svm_from_our_checkpoint(suite, tmp_path):
     assert Path(tool.__file__) == SITE / "tools" / "train_svm_low_shot.py"
     # as testkit.train_in_process: a forkserver started by the run would be stopped with the run
     multiprocessing.forkserver.ensure_running()
-    with _suite_catalog(suite):
+    with catalog_env(suite["env"]):
         _, log = _main(tool.hydra_main, "config=benchmark/swav_plugin/low_shot_svm_fashion_mnist_cpu", *TRUNK,
                        f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={suite['ckpt']}", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
                        "config.SVM.low_shot.sample_inds=[1]", f"config.SVM.low_shot.k_values=[{k}]",
