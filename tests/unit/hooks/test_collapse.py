@@ -6,10 +6,12 @@
 * the decision logic on collapsed-uniform, collapsed-one-prototype and healthy outputs,
   through the hook itself (fake task), including the all-reduce over 2 gloo processes;
 * config defaults / validation;
-* end to end through VISSL's stock launcher with 2 processes: a forced collapse (epsilon
-  1e3: uniform codes; temperature 100: uniform predictions, so the loss sits at ln K from
-  the first iteration) warns (exit 0) or stops (non-zero exit), a healthy run stays quiet
-  even with ``PATIENCE_ITERS: 1`` and ``ON_COLLAPSE: stop``.
+* only rank 0 logs (a faked rank 1 acts, and stops, in silence);
+* end to end (``tests/integration/hooks/test_collapse_integration.py``, VISSL runs in the test
+  process): a forced collapse (epsilon 1e3: uniform codes; temperature 100: uniform
+  predictions, so the loss sits at ln K from the first iteration) warns or stops
+  (``CollapseError``), a healthy run stays quiet even with ``PATIENCE_ITERS: 1`` and
+  ``ON_COLLAPSE: stop``.
 """
 import logging
 import math
@@ -207,6 +209,27 @@ def test_hook_stop_raises_at_patience():
     with pytest.raises(C.CollapseError, match="COLLAPSE DETECTED") as e:
         drive(hook, [(uniform_scores(8, K), math.log(K))], start_iter=P - 1, end_epoch=False)
     assert "The run stops" in str(e.value) and isinstance(e.value, RuntimeError)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_only_rank_0_logs_every_rank_acts(caplog, monkeypatch, rank):
+    """The warning, the epoch line and the TensorBoard figures come from rank 0 only (the
+    hook's ``D.rank()`` faked); every rank detects the collapse and, with ``stop``, raises."""
+    monkeypatch.setattr(C.D, "rank", lambda: rank)
+    caplog.set_level(logging.INFO)
+    K, P = 10, 3
+    writer = FakeWriter()
+    collapsed = (uniform_scores(8, K), math.log(K))
+    hook = make_hook(PATIENCE_ITERS=P)
+    drive(hook, [collapsed] * P, hooks=[SimpleNamespace(tb_writer=writer)])
+    assert hook.warned
+    logged = [r.getMessage() for r in caplog.records if "Collapse detector" in r.getMessage()
+              or "COLLAPSE DETECTED" in r.getMessage()]
+    assert len(logged) == (2 if rank == 0 else 0), logged  # the warning and the epoch line
+    assert bool(writer.scalars) == (rank == 0)
+    with pytest.raises(C.CollapseError, match="The run stops"):
+        drive(make_hook(PATIENCE_ITERS=P, ON_COLLAPSE="stop"), [collapsed] * P)
+    assert len(warnings_in(caplog)) == (2 if rank == 0 else 0)
 
 
 def test_hook_one_prototype_state_stops():
