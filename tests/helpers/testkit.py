@@ -128,7 +128,8 @@ def vissl_run_state(cwd):
     """Runs VISSL's launcher or a tool (``knn_eval.main``) in this process with the working
     directory ``cwd``, then puts back what the run changed in this process and would change
     for the tests after it (each reset: what it undoes; tests/integration/package/
-    test_in_process_runner_integration.py fails without any one of them)."""
+    test_in_process_runner_integration.py fails without any one of VISSL's,
+    tests/integration/benchmarks/test_bench_epoch_pause.py needs the benchmark's)."""
     import logging
     import multiprocessing
 
@@ -137,7 +138,7 @@ def vissl_run_state(cwd):
 
     environ, here = dict(os.environ), os.getcwd()
     method = multiprocessing.get_start_method(allow_none=True)
-    root_handlers = list(logging.Logger.root.handlers)
+    root_handlers, root_level = list(logging.Logger.root.handlers), logging.Logger.root.level
     os.chdir(cwd)
     try:
         yield
@@ -146,8 +147,9 @@ def vissl_run_state(cwd):
         # VISSL's setup_distributed keeps its process group
         if dist.is_initialized():
             dist.destroy_process_group()
-        # VISSL's set_env_vars leaves the run's RANK, WORLD_SIZE and LOCAL_RANK
-        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        # VISSL's set_env_vars leaves the run's RANK, WORLD_SIZE and LOCAL_RANK; a benchmark's
+        # one-process group LOCAL_WORLD_SIZE
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             if key in environ:
                 os.environ[key] = environ[key]
             else:
@@ -157,9 +159,9 @@ def vissl_run_state(cwd):
         # VISSL's setup_logging makes its logger logging.root and drops the root's handlers
         logging.root = logging.Logger.root
         logging.root.handlers = root_handlers
+        logging.root.setLevel(root_level)  # a benchmark's main sets WARNING
         # VISSL keeps log.txt open by its (relative) name: the next run's would be this one's
         _cached_log_stream.cache_clear()
-
 
 
 @contextlib.contextmanager
@@ -186,6 +188,7 @@ def catalog_env(env):
         registry.update(saved)
         os.environ.clear()
         os.environ.update(environ)
+
 
 def load_script(relpath):
     """A checkout's file outside the package (``tools/doc_tables.py``, ``benchmarks/*.py``: not in

@@ -8,6 +8,7 @@ one-process group); the loader workers it measures are processes (forked), hence
 ``tests/integration``."""
 import json
 import logging
+import os
 
 import pytest
 
@@ -15,20 +16,16 @@ from testkit import REPO, load_script, vissl_run_state
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    """The benchmark's module; the process state its ``main`` leaves is put back: the root
-    logger's level (it sets WARNING) and ``LOCAL_WORLD_SIZE`` (its process group sets it;
-    ``vissl_run_state`` puts back the other three)."""
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    level = logging.getLogger().level
-    yield load_script("benchmarks/bench_epoch_pause.py")
-    logging.getLogger().setLevel(level)
+def bench():
+    return load_script("benchmarks/bench_epoch_pause.py")
 
 
 def test_tiny_run_measures_both_loaders(bench, tmp_path, capsys):
     out = tmp_path / "pause.json"
+    before = logging.getLogger().level, os.environ.get("LOCAL_WORLD_SIZE")
     with vissl_run_state(REPO):
         bench.main(["--epochs", "2", "--workers", "1", "--images", "8", "--start-method", "fork", "--json", str(out)])
+    assert (logging.getLogger().level, os.environ.get("LOCAL_WORLD_SIZE")) == before  # put back for later tests
     assert "RATIO pause between epochs VISSL / plugin" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert doc["machine"]["cpu"] and doc["machine"]["cores"] >= 1 and doc["date"]
@@ -43,6 +40,6 @@ def test_tiny_run_measures_both_loaders(bench, tmp_path, capsys):
 
 
 def test_refuses_a_single_epoch(bench, capsys):
-    with pytest.raises(SystemExit) as exit_:
+    with pytest.raises(SystemExit) as exit_, vissl_run_state(REPO):
         bench.main(["--epochs", "1"])
     assert exit_.value.code == 2 and "--epochs must be at least 2" in capsys.readouterr().err
