@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import vissl  # noqa: F401  (registers the plugin)
-from testkit import folder_data_overrides, make_image_folder, train_in_process
+from testkit import catalog_env, folder_data_overrides, make_image_folder, train_in_process
 
 
 # -- VISSL's built-in multi-crop SimCLR loss, trained with our transform ------------------
@@ -44,22 +44,6 @@ def simclr_overrides(ckpt, workers):
     ]
 
 
-@contextlib.contextmanager
-def registered_catalog(path):
-    """The datasets of a catalog file registered in this process, as VISSL registers the file of
-    VISSL_DATASET_CATALOG_PATH when it is imported (that lookup in a fresh process:
-    tests/integration/tools/test_data_tool_integration.py); VISSL's registry put back afterwards."""
-    from vissl.data.dataset_catalog import VisslDatasetCatalog, register_datasets
-
-    name = "_VisslDatasetCatalog__REGISTERED_DATASETS"
-    saved = dict(getattr(VisslDatasetCatalog, name))
-    register_datasets(str(path))
-    try:
-        yield
-    finally:
-        setattr(VisslDatasetCatalog, name, saved)
-
-
 @pytest.mark.parametrize("workers", [0, 1])
 def test_vissl_multicrop_simclr_trains_with_our_transform(tmp_path, workers):
     """VISSL's multicrop_simclr_info_nce_loss (paper appendix: SimCLR with multi-crop), our
@@ -75,7 +59,7 @@ def test_vissl_multicrop_simclr_trains_with_our_transform(tmp_path, workers):
         make_fake_fashion(tmp_path / "idx", n_train=16, n_val=10)
         summary = load_data_tool().prepare(tmp_path / "fm", source=tmp_path / "idx", splits=["train"],
                                            verbose=False)
-        catalog = registered_catalog(summary["catalog"])
+        catalog = catalog_env({"VISSL_DATASET_CATALOG_PATH": summary["catalog"]})
         data = ["config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
                 "config.DATA.TRAIN.DATASET_NAMES=[fashion_mnist_folder]"]
     with catalog:
