@@ -210,21 +210,21 @@ def main(argv=None):
     import vissl  # noqa: F401  (registers the plugin)
     from loop_variants import write_filelist, write_jpegs
 
-    tmp = tempfile.mkdtemp(prefix="worker_stages_")
-    paths, kb = write_jpegs(os.path.join(tmp, "jpegs"), args.images, tiny=args.tiny)
-    if args.long_side:
-        kb = statistics.fmean(rescale(path, args.long_side) for path in paths)
-    filelist = write_filelist(paths, args.images, os.path.join(tmp, "filelist.npy"))
-    base = ["config=pretrain/swav/swav_1gpu_resnet", "config.DATA.TRAIN.DATA_SOURCES=[disk_filelist]",
-            "config.DATA.TRAIN.DATASET_NAMES=[worker_stages_jpegs]", f"config.DATA.TRAIN.DATA_PATHS=[{filelist[0]}]",
-            "config.DATA.TRAIN.LABEL_SOURCES=[disk_filelist]", f"config.DATA.TRAIN.LABEL_PATHS=[{filelist[1]}]",
-            "config.DATA.TRAIN.DATA_LIMIT=-1"]
-    if args.tiny:
-        base += ["config.DATA.TRAIN.TRANSFORMS.0.num_crops=[2,2]", "config.DATA.TRAIN.TRANSFORMS.0.size_crops=[32,16]",
-                 "config.DATA.TRAIN.TRANSFORMS.0.total_num_crops=4"]
-    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    variants = {n: Variant(n, variant_config(n, base), args, devices) for n in names}
-    runs = bm.alternate(variants, args.rounds, warmup=1)
+    with tempfile.TemporaryDirectory(prefix="worker_stages_") as tmp:  # the JPEGs go with the run
+        paths, kb = write_jpegs(os.path.join(tmp, "jpegs"), args.images, tiny=args.tiny)
+        if args.long_side:
+            kb = statistics.fmean(rescale(path, args.long_side) for path in paths)
+        filelist = write_filelist(paths, args.images, os.path.join(tmp, "filelist.npy"))
+        base = ["config=pretrain/swav/swav_1gpu_resnet", "config.DATA.TRAIN.DATA_SOURCES=[disk_filelist]",
+                "config.DATA.TRAIN.DATASET_NAMES=[worker_stages_jpegs]", f"config.DATA.TRAIN.DATA_PATHS=[{filelist[0]}]",
+                "config.DATA.TRAIN.LABEL_SOURCES=[disk_filelist]", f"config.DATA.TRAIN.LABEL_PATHS=[{filelist[1]}]",
+                "config.DATA.TRAIN.DATA_LIMIT=-1"]
+        if args.tiny:
+            base += ["config.DATA.TRAIN.TRANSFORMS.0.num_crops=[2,2]", "config.DATA.TRAIN.TRANSFORMS.0.size_crops=[32,16]",
+                     "config.DATA.TRAIN.TRANSFORMS.0.total_num_crops=4"]
+        devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+        variants = {n: Variant(n, variant_config(n, base), args, devices) for n in names}
+        runs = bm.alternate(variants, args.rounds, warmup=1)
 
     res = {}
     for n in names:

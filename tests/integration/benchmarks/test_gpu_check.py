@@ -10,6 +10,7 @@ gpu_check's ``main`` runs in the test process; each section is a process of its 
 real run (its time limit stops it)."""
 import json
 import math
+import tempfile
 
 import pytest
 
@@ -32,10 +33,16 @@ def _numbers(d):
 def dry_run(tmp_path_factory):
     """One dry run of every section, read by the tests below; its demo section runs two seeds
     at once, with an option of the demo's own (``--probes on``, the dry run's being off)."""
-    out = tmp_path_factory.mktemp("gpu_check")
-    code = gc.main(["--dry-run", "--out", str(out), "--demo-args", "--probes on", "--demo-seeds", "1,2"])
+    out, tmp = tmp_path_factory.mktemp("gpu_check"), tmp_path_factory.mktemp("tmpdir")
+    with pytest.MonkeyPatch.context() as mp:  # this process's and the sections' temporary folders
+        mp.setenv("TMPDIR", str(tmp))
+        mp.setattr(tempfile, "tempdir", str(tmp))
+        code = gc.main(["--dry-run", "--out", str(out), "--demo-args", "--probes on", "--demo-seeds", "1,2"])
     doc = json.loads((out / "gpu_check.json").read_text())
     assert code == 0, {k: v for k, v in doc["results"].items() if "error" in v}
+    # torch.compile's cache (torchinductor_<user>) stays there on purpose, for the next run
+    left = sorted(p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_"))
+    assert left == [], "a section left its temporary files behind"
     return out, doc, (out / "gpu_check.md").read_text()
 
 
