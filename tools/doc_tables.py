@@ -2,12 +2,13 @@
 """The documentation's generated tables (a tool of the checkout: not in the wheel).
 
 Every measured table of README.md and docs/ is a cog block (https://cog.readthedocs.io, the
-``cogapp`` package): a comment line that calls :func:`emit` with a table's name and the records
-it reads, the generated text, and cog's end line.  A renderer here turns records (the benchmarks'
-``--json`` files under ``docs/experiments/``), a shipped config, the registered compat patches or
-``requirements-host.txt`` into Markdown; what a page writes by hand beside generated cells (a
-config's purpose, the keys its table shows, what a compat patch fixes) is data in
-``docs/doc_tables.yaml``.  No renderer reads a page.
+``cogapp`` package): a comment line that calls :func:`emit` with a table's name and its arguments,
+the generated text, and cog's end line.  A table that only picks a record's fields is data: one of
+``figures:`` in ``docs/doc_tables.yaml``, ``str.format`` templates over the benchmarks' ``--json``
+records under ``docs/experiments/`` (:func:`figures`).  A renderer here computes over a record
+(means over seeds, differences, ratios) or reads a shipped config, the registered compat patches or
+``requirements-host.txt``; what a page writes by hand beside its cells (a config's purpose, what a
+compat patch fixes) is data in ``docs/doc_tables.yaml`` too.  No renderer reads a page.
 
     python tools/doc_tables.py            # cog -r over every page that holds a block
     python tools/doc_tables.py --check    # write nothing; show the difference, exit 1 if any
@@ -20,11 +21,13 @@ import functools
 import json
 import re
 import statistics
+import string
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = "docs/doc_tables.yaml"
+CONFIGS = REPO / "configs" / "config"
 TABLES = {}
 
 
@@ -46,9 +49,6 @@ def pages():
     return [p for p in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))] if "[[[cog" in p.read_text()]
 
 
-# ------------------------------------------------------------------------------------------
-# formatting
-# ------------------------------------------------------------------------------------------
 @functools.lru_cache(None)
 def record(path):
     """A JSON record (path relative to the repository)."""
@@ -57,15 +57,22 @@ def record(path):
 
 @functools.lru_cache(None)
 def data():
-    """The hand-written columns of the generated tables (``docs/doc_tables.yaml``)."""
+    """``docs/doc_tables.yaml``: the ``figures`` tables and the hand-written columns."""
     import yaml
 
     return yaml.safe_load((REPO / DATA).read_text())
 
 
-def mean_sd(values):
-    values = list(values)
-    return statistics.fmean(values), statistics.stdev(values)
+# ------------------------------------------------------------------------------------------
+# formatting
+# ------------------------------------------------------------------------------------------
+def row(*cells):
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def grid(header, rows):
+    """A Markdown table: its header and a row per sequence of cells."""
+    return "\n".join([row(*header), "|" + "---|" * len(header)] + [row(*r) for r in rows])
 
 
 def pm(mean, sd=None):
@@ -73,26 +80,18 @@ def pm(mean, sd=None):
     return f"{mean:.2f}" if sd is None else f"{mean:.2f} ± {sd:.2f}"
 
 
-def row(*cells):
-    return "| " + " | ".join(str(c) for c in cells) + " |"
+def diff(a, b):
+    """``a``'s mean minus ``b``'s (``(mean, sd)`` pairs), in bold where larger than the larger sd."""
+    d = a[0] - b[0]
+    return f"**{d:+.2f}**" if abs(d) > max(a[1] or 0, b[1] or 0) else f"{d:+.2f}"
 
 
-def head(*cells):
-    return row(*cells) + "\n|" + "---|" * len(cells)
+BOLD = "Bold: a difference larger than the larger sd over seeds of the two rows."
 
 
-def sci(x):
-    """``5.4e-4`` (``0`` for zero)."""
-    mantissa, exponent = f"{x:.1e}".split("e")
-    return f"{mantissa}e{int(exponent)}" if x else "0"
-
-
-def secs(values):
-    """``36.7 s, 39.8 s`` (up to 2 values) or ``88.7-138.8 s (4 runs)``."""
-    values = list(values)
-    if len(values) <= 2:
-        return ", ".join(f"{v:.1f} s" for v in values)
-    return f"{min(values):.1f}-{max(values):.1f} s ({len(values)} runs)"
+def over_seeds(runs, keys):
+    """``{key: (mean, sd)}`` over the runs (one dict of figures per seed)."""
+    return {k: (statistics.fmean(r[k] for r in runs), statistics.stdev(r[k] for r in runs)) for k in keys}
 
 
 def seeds_of(runs):
@@ -102,149 +101,47 @@ def seeds_of(runs):
     return "seeds " + ", ".join(map(str, seeds))
 
 
-def measured_on(rec):
-    """``Measured on CPU (N cores; Python X, torch Y), DATE`` of a record."""
-    m = rec["machine"]
-    return f"Measured on {m['cpu']} ({m['cores']} cores; Python {m['python']}, torch {m['torch']}), {rec['date'][:10]}"
-
-
-def command(rec, fence=False):
+def command(rec):
     """A record's command without its ``--json`` output, as run in a checkout after make venv."""
     cmd = rec["command"].split(" --json")[0]
-    cmd = ".venv/bin/python " + cmd[len("python "):] if cmd.startswith("python ") else cmd
-    return f"```bash\n{cmd}\n```" if fence else cmd
-
-
-def diff(d, sd):
-    """A difference of means, in bold where it is larger than ``sd`` (the larger sd of the two rows)."""
-    return f"**{d:+.2f}**" if abs(d) > sd else f"{d:+.2f}"
-
-
-BOLD = "Bold: a difference larger than the larger sd over seeds of the two rows."
-
-
-def figures(rows, header=("figure", "measured", "machine, date")):
-    """A table of figures, one ``(label, value, ...)`` row each."""
-    return "\n".join([head(*header)] + [row(*r) for r in rows])
+    return ".venv/bin/python " + cmd[len("python "):] if cmd.startswith("python ") else cmd
 
 
 # ------------------------------------------------------------------------------------------
-# the CPU benchmarks (docs/gpu.md, docs/launching.md, docs/demo.md)
+# the tables that pick a record's fields: docs/doc_tables.yaml's figures
 # ------------------------------------------------------------------------------------------
-@table
-def epoch_pause(path):
-    """benchmarks/bench_epoch_pause.py's record: the wait for each epoch's first batch."""
-    rec = record(path)
-    r, n = rec["results"], rec["epochs"]
-    names = {"vissl": "VISSL (fresh workers every epoch)", "plugin": "plugin (persistent workers)"}
-    lines = [f"{measured_on(rec)}, device {rec['device']}:", "", command(rec, True), "",
-             head(f"loader ({rec['workers']} workers, {rec['start_method']})", *(f"epoch {e}" for e in range(n)),
-                  f"pause between epochs (median of 1-{n - 1})")]
-    lines += [row(label, *(f"{t:.2f} s" for t in r[k]["first_batch_s"]), f"{r[k]['pause_s']:.2f} s")
-              for k, label in names.items()]
-    lines.append(row("VISSL's over the plugin's", *[""] * n, f"{rec['ratio_pause_vissl_over_plugin']:.1f}x"))
-    return "\n".join(lines)
+class Cells(string.Formatter):
+    """``str.format``, where a list's items each take the field's format, joined by commas."""
+
+    def format_field(self, value, spec):
+        return ", ".join(format(v, spec) for v in value) if isinstance(value, list) else format(value, spec)
 
 
 @table
-def cpu_threads(path):
-    """The quick CPU run with ``OMP_NUM_THREADS`` unset and 1, before and after the plugin's
-    share of the cores."""
-    rec = record(path)
-    m, t = rec["machine"], rec["threads"]
-    loads = [r["load"] for r in t["runs"]]
-    lines = [f"Measured on the {m['name']}, {rec['date']}, torch {m['torch'].split('+')[0]}, nothing else running "
-             f"(load average {min(loads):.1f}-{max(loads):.1f} before the runs, mostly the previous run's), "
-             f"alternated runs of `{t['command']}` ({t['processes']} gloo processes, {t['iterations']} iterations):",
-             "", head("code", "`OMP_NUM_THREADS`", "the command, start to end", "iterations 0 to 15")]
-    labels = {"after": "each process its share of the cores (today)",
-              "before": "before: each process a thread per core"}
-    for code, label in labels.items():
-        for omp in ("unset", "1"):
-            runs = [r for r in t["runs"] if (r["code"], r["omp"]) == (code, omp)]
-            if runs:
-                lines.append(row(label, omp, secs(r["wall_s"] for r in runs), secs(r["train_s"] for r in runs)))
-    return "\n".join(lines)
+def figures(name, *paths):
+    """``figures: name`` of docs/doc_tables.yaml over the records ``paths``: an optional ``intro``,
+    a ``header`` and ``rows``, each one a ``str.format`` template (:class:`Cells`) that names the
+    first record's keys (``{results[plugin][pause_s]:.2f}``; ``{command}`` as :func:`command`
+    writes it) and every record by position (``{1[machine][date]}``).  With ``each: KEY.KEY``
+    the rows repeat for every item of the first record's mapping or list there, naming the item's
+    keys too and ``{key}``, its key or index."""
+    spec, recs = data()["figures"][name], [record(p) for p in paths]
+    named = {**recs[0], "command": command(recs[0])} if "command" in recs[0] else recs[0]
+    items = [("", {})]
+    if "each" in spec:
+        over = functools.reduce(lambda d, k: d[k], spec["each"].split("."), recs[0])
+        items = over.items() if isinstance(over, dict) else enumerate(over)
+
+    def fill(cells, **item):
+        return [Cells().vformat(cell, recs, {**named, **item}) for cell in cells]
+
+    intro = fill([spec["intro"]])[0] + "\n\n" if "intro" in spec else ""
+    return intro + grid(fill(spec["header"]), [fill(r, **v, key=k) for k, v in items for r in spec["rows"]])
 
 
-@table
-def amp_no_bf16_units(path):
-    """``--amp auto``'s cost on a CPU without bf16 units, before and after its early stop."""
-    lines = [head("code", "fp32 / bf16 per step", "pick", "timing", "`amp_step` in all")]
-    labels = {"before": "every round timed (before)", "after": "stopped at twice fp32's (today)"}
-    for code, label in labels.items():
-        runs = [r for r in record(path)["amp_auto"]["runs"] if r["code"] == code]
-        if code == "before":
-            fp32, bf16 = ([v for r in runs for v in r[k]] for k in ("fp32_ms", "bf16_ms"))
-            steps = f"{min(fp32)}-{max(fp32)} / {min(bf16)}-{max(bf16)} ms, {len(runs[0]['fp32_ms'])} rounds each"
-        else:
-            steps = "; ".join(f"{r['fp32_ms'][0]} / over {r['bf16_ms'][0]} ms" for r in runs) + " (the first steps)"
-        lines.append(row(label, steps, ", ".join(sorted({"bf16" if r["use_bf16"] else "fp32" for r in runs})),
-                         ", ".join(f"{r['timing_s']:.1f} s" for r in runs),
-                         ", ".join(f"{r['amp_step_s']:.1f} s" for r in runs)))
-    return "\n".join(lines)
-
-
-def times_less(ratio):
-    return f"{ratio:.2f}x less" if ratio < 2 else f"{ratio:.1f}x less"
-
-
-@table
-def device_augment(path):
-    """benchmarks/bench_device_augment.py's record: bytes and time per batch of each mode."""
-    rec = record(path)
-    r = rec["results"]
-    off = r["off"]
-    spread = max(max(v["worker_ms_all_rounds"]) / min(v["worker_ms_all_rounds"]) for v in r.values())
-    lines = [f"{measured_on(rec)}, {rec['rounds']} rounds (a mode's worker times differed by up to "
-             f"{spread:.1f}x between rounds):", "", command(rec, True), "",
-             head("mode", f"MB per batch of {rec['batch']}", "worker ms per batch",
-                  f"device side on the CPU ({rec['cpu_threads_device_side']} thread), ms per batch")]
-    for mode, v in r.items():
-        mb, ms = f"{v['mb_per_batch']:.1f}", f"{v['worker_ms_per_batch']:.0f}"
-        if mode != "off":
-            mb += f" ({off['mb_per_batch'] / v['mb_per_batch']:.1f}x fewer)"
-            ms += f" ({times_less(off['worker_ms_per_batch'] / v['worker_ms_per_batch'])})"
-        lines.append(row(f"`{mode}`", mb, ms, f"{v['device_ms_per_batch_cpu']:.0f}" if v["device_ms_per_batch_cpu"]
-                         else "—"))
-    return "\n".join(lines)
-
-
-STAGES = ("read+decode", "draw", "crop+resize", "colour", "blur", "to tensor", "other", "collate")
-
-
-@table
-def worker_stages(path):
-    """benchmarks/bench_worker_stages.py's record: ms per image per stage in one worker, for each
-    variant, and the per-batch figures of the main process."""
-    rec = record(path)
-    r = rec["results"]
-    off, threads = r["off"]["worker_ms_per_image"], rec["cpu_threads_device_side"]
-    size = f"scaled to {rec['long_side']} px on the longer side" if rec.get("long_side") else "of ImageNet's sizes"
-
-    def cells(fn):
-        return [fn(r[n], n) for n in r]
-
-    def device(v, _):
-        return f"{v['per_batch']['device_ms_cpu']:.0f}" if v["per_batch"]["device_ms_cpu"] else "—"
-
-    lines = [f"{measured_on(rec)}, {rec['images']} generated JPEGs {size} ({rec['jpeg_kb']:.0f} kB on average), "
-             f"{rec['rounds']} rounds (medians):", "", command(rec, True), "",
-             head("ms per image in one worker", *(f"`{n}`" for n in r))]
-    lines += [row(stage, *cells(lambda v, _, s=stage: f"{v['ms_per_image'][s]:.2f}")) for stage in STAGES]
-    lines += [row("**worker, in all**", *cells(lambda v, _: f"**{v['worker_ms_per_image']:.2f}**")),
-              row("images/s per core", *cells(lambda v, n: f"{v['images_per_s_per_core']:.0f}" + (
-                  "" if n == "off" else f" ({off / v['worker_ms_per_image']:.1f}x)"))),
-              row(f"MB per batch of {rec['batch']}", *cells(lambda v, _: f"{v['per_batch']['mb']:.1f}")),
-              row(f"device side on the CPU ({threads} thread{'s' * (threads > 1)}), ms per batch", *cells(device))]
-    if any("device_ms_cuda" in v["per_batch"] for v in r.values()):
-        lines += [row(f"device side on {rec['machine']['card']}, ms per batch",
-                      *cells(lambda v, _: f"{v['per_batch'].get('device_ms_cuda', 0):.1f}")),
-                  row("pinning the batch (main process), ms per batch",
-                      *cells(lambda v, _: f"{v['per_batch'].get('pin_ms', 0):.1f}"))]
-    return "\n".join(lines)
-
-
+# ------------------------------------------------------------------------------------------
+# the CPU benchmarks (docs/launching.md, docs/demo.md, docs/gpu.md)
+# ------------------------------------------------------------------------------------------
 DEMO_COLUMNS = {"knn20": "20-NN", "linear_swav": "linear, all labels", "shot100_swav": "100 / class",
                 "shot10_swav": "10 / class", "shot1_swav": "1 / class"}
 
@@ -256,51 +153,47 @@ def demo_device_augment(path, mode):
     losses and figures were ``photometric``'s."""
     rec = record(path)
     runs, off, same = rec[mode], rec["reference_off"]["mean_sd"], rec.get("equals_photometric")
-    stats = {k: mean_sd(run[k] for run in runs.values()) for k in DEMO_COLUMNS}
-    extra = ("losses and figures equal to `photometric`'s",) if same else ()
-    return "\n".join([
-        f"{measured_on(rec)[:-10]}{rec['date']}:", "", command(rec, True).replace("SEED", "0"), "",
-        head(f"quick demo, fp32, `{mode}`", *DEMO_COLUMNS.values(), *extra),
-        *(row(f"seed {s}", *(f"{runs[s][k]:.2f}" for k in DEMO_COLUMNS), *(("yes" if same[s] else "no",) if same else ()))
-          for s in sorted(runs, key=int)),
-        row(f"{seeds_of(runs)} (mean ± sd)", *(pm(*stats[k]) for k in DEMO_COLUMNS), *("" for _ in extra)),
-        row("minus `off`'s mean (the table above)",
-            *(diff(stats[k][0] - off[k][0], max(stats[k][1], off[k][1])) for k in DEMO_COLUMNS), *("" for _ in extra)),
-        "", BOLD])
+    stats, extra = over_seeds(runs.values(), DEMO_COLUMNS), ["losses and figures equal to `photometric`'s"] * bool(same)
+    rows = [[f"seed {s}", *(f"{runs[s][k]:.2f}" for k in DEMO_COLUMNS), *(("yes" if same[s] else "no",) if same else ())]
+            for s in sorted(runs, key=int)]
+    rows += [[f"{seeds_of(runs)} (mean ± sd)", *(pm(*stats[k]) for k in DEMO_COLUMNS)] + [""] * len(extra),
+             ["minus `off`'s mean (the table above)", *(diff(stats[k], off[k]) for k in DEMO_COLUMNS)] + [""] * len(extra)]
+    m = rec["machine"]
+    return (f"Measured on {m['cpu']} ({m['cores']} cores; Python {m['python']}, torch {m['torch']}), {rec['date']}:\n\n"
+            f"```bash\n{command(rec).replace('SEED', '0')}\n```\n\n" + grid([f"quick demo, fp32, `{mode}`", *DEMO_COLUMNS.values(), *extra], rows) + "\n\n" + BOLD)
 
 
 # ------------------------------------------------------------------------------------------
-# bf16 autocast and the demo's protocols (docs/demo.md, docs/experiments/benchmarks.md, README.md)
+# bf16 autocast and the demo's protocols (docs/demo.md, README.md, docs/gpu.md)
 # ------------------------------------------------------------------------------------------
 BF16_COLUMNS = {"knn20_swav": "20-NN", "linear_swav": "linear, all labels", "shot100_swav": "100 labels / class",
                 "shot10_swav": "10 / class", "shot1_swav": "1 / class", "loss_last": "last loss"}
 BF16_ROWS = {"fp32": "fp32 (`--amp off`)", "bf16": "bf16 autocast of the whole model",
              "bf16_fp32_head": "bf16 autocast, head in fp32 (`auto` on AMX)"}
-BF16_DIFFS = {"bf16": "whole model bf16 − fp32", "bf16_fp32_head": "head in fp32 − fp32"}
 
 
 @table
 def demo_bf16_quality(path):
     """The full demo over seeds in fp32, bf16 and bf16 with the head in fp32; their differences."""
     rec = record(path)
-
-    def stats(kind, key):
-        return mean_sd(run[key] for run in rec[kind]["runs"].values())
-
-    lines = [head("`make demo`", *BF16_COLUMNS.values())]
-    lines += [row(f"{label}, {seeds_of(rec[kind]['runs'])}", *(pm(*stats(kind, k)) for k in BF16_COLUMNS))
-              for kind, label in BF16_ROWS.items()]
-    lines += [row(label, *(diff(stats(kind, k)[0] - stats("fp32", k)[0], max(stats(kind, k)[1], stats("fp32", k)[1]))
-                           for k in BF16_COLUMNS)) for kind, label in BF16_DIFFS.items()]
+    s = {kind: over_seeds(rec[kind]["runs"].values(), BF16_COLUMNS) for kind in BF16_ROWS}
+    rows = [[f"{label}, {seeds_of(rec[kind]['runs'])}", *(pm(*s[kind][k]) for k in BF16_COLUMNS)]
+            for kind, label in BF16_ROWS.items()]
+    rows += [[label, *(diff(s[kind][k], s["fp32"][k]) for k in BF16_COLUMNS)]
+             for kind, label in (("bf16", "whole model bf16 − fp32"), ("bf16_fp32_head", "head in fp32 − fp32"))]
     same = all(run["knn20_random_init"] == rec["fp32"]["runs"][seed]["knn20_random_init"]
                for kind in BF16_ROWS for seed, run in rec[kind]["runs"].items())
-    return "\n".join(lines) + f"\n\n{BOLD} " + ("Each seed's random-init 20-NN is the same in every row." if same
-                                                else "The random-init 20-NN of a seed differs between the rows.")
+    return grid(["`make demo`", *BF16_COLUMNS.values()], rows) + f"\n\n{BOLD} " + (
+        "Each seed's random-init 20-NN is the same in every row." if same
+        else "The random-init 20-NN of a seed differs between the rows.")
 
 
-def its(runs, *names, at=460):
-    """The mean it/s (progress line at iteration ``at``) of the named runs."""
-    return statistics.fmean(runs[n][f"progress_it_per_s_at_{at}"] for n in names)
+ROUNDS = ("speed_ab_alternated", "speed_ab_alternated_2")
+
+
+def its(runs, *names):
+    """The mean it/s (progress line at iteration 460) of the named runs."""
+    return statistics.fmean(runs[n]["progress_it_per_s_at_460"] for n in names)
 
 
 def speed_ratios(path, key):
@@ -311,48 +204,39 @@ def speed_ratios(path, key):
     return its(runs, "auto1", "auto2") / its(runs, "off1", "off2"), wall
 
 
-ROUNDS = ("speed_ab_alternated", "speed_ab_alternated_2")
-
-
 @table
 def demo_bf16_speed(path, step_path):
     """The quick demo's it/s and training time, fp32 and bf16 alternated, two rounds; the ratios."""
     rec, step = record(path), record(step_path)
     first, second = (rec[k] for k in ROUNDS)
-    lines = [head("`--amp`", f"it/s (progress line, iteration 460 of {first['runs']['off1']['iterations']})",
-                  "training")]
-    whens = (f"{rec['machine']}, {first['date']}", f"second round, {rec['machine']}, {second['date']} "
-             f"{second['time_utc']} UTC")
-    for rnd, when in zip((first, second), whens):
-        for label, pair in ((f"`off` (fp32), {when}", ("off1", "off2")),
-                            (f"`auto` (bf16, head fp32), {when}", ("auto1", "auto2"))):
-            runs = [rnd["runs"][n] for n in pair]
-            lines.append(row(label, ", ".join(f"{r['progress_it_per_s_at_460']:.2f}" for r in runs),
-                             ", ".join(f"{r['train_wall_s']:.0f} s" for r in runs)))
-    bf16, old = step["variants"]["bf16"], rec["speed_ab"]["runs"]
-    o, n = old["off"]["progress_it_per_s_at_460"], old["on"]["progress_it_per_s_at_460"]
-    rows = [(f"`auto` over `off`, {('first', 'second')[i]} round: it/s (training time)",
-             "{:.2f}x ({:.2f}x)".format(*speed_ratios(path, k)), whens[i].replace("second round, ", ""))
-            for i, k in enumerate(ROUNDS)]
-    rows += [(f"the bare model step, fp32 vs bf16 (`{command(step)}`, alternated rounds; "
-              "[experiments/benchmarks.md](experiments/benchmarks.md))",
-              f"{bf16['today_ms']:.1f} vs {bf16['ms']:.1f} ms, {bf16['ratio_today_over_variant']:.2f}x",
-              f"{step['machine']}, {step['date']}"),
-             ("an earlier single pair of runs (`--amp off`, then `--amp on`): it/s", f"{o:.2f} vs {n:.2f} ({n / o:.2f}x)",
-              rec["speed_ab"]["date"])]
-    return "\n".join(lines) + "\n\n" + figures(rows)
+    whens = (f"{rec['machine']}, {first['date']}", f"{rec['machine']}, {second['date']} {second['time_utc']} UTC")
+    rows = [(f"`{amp}` ({what}), {'second round, ' * i}{when}",
+             ", ".join(f"{rnd['runs'][n]['progress_it_per_s_at_460']:.2f}" for n in pair),
+             ", ".join(f"{rnd['runs'][n]['train_wall_s']:.0f} s" for n in pair))
+            for i, (rnd, when) in enumerate(zip((first, second), whens))
+            for amp, what, pair in (("off", "fp32", ("off1", "off2")), ("auto", "bf16, head fp32", ("auto1", "auto2")))]
+    bf16 = step["variants"]["bf16"]
+    figs = [(f"`auto` over `off`, {which} round: it/s (training time)", "{:.2f}x ({:.2f}x)".format(*speed_ratios(path, k)),
+             when) for which, k, when in zip(("first", "second"), ROUNDS, whens)]
+    figs.append((f"the bare model step, fp32 vs bf16 (`{command(step)}`, alternated rounds; "
+                 "[experiments/benchmarks.md](experiments/benchmarks.md))",
+                 f"{bf16['today_ms']:.1f} vs {bf16['ms']:.1f} ms, {bf16['ratio_today_over_variant']:.2f}x",
+                 f"{step['machine']}, {step['date']}"))
+    return (grid(("`--amp`", f"it/s (progress line, iteration 460 of {first['runs']['off1']['iterations']})", "training"),
+                 rows) + "\n\n" + grid(("figure", "measured", "machine, date"), figs))
 
 
 PROTOCOL_COLUMNS = {"knn20": "20-NN", "knn200": "200-NN", "nn5_euclid": "5-NN", "linear": "linear, all labels",
                     "100": "100 labels / class", "10": "10 / class", "1": "1 / class"}
+SHORT_COLUMNS = {"knn20": "20-NN", "linear": "linear", "100": "100 / class", "10": "10 / class", "1": "1 / class"}
 FEATURES = {"swav": "SwAV", "random_init": "random init (mean of the inits)", "raw_pixels": "raw pixels"}
 ORDER = ("full", "quick", "fashion_mnist", "animal_mnist", "digits")
 
 
 def group(path, mode, name, extra="none"):
-    """The group of a protocols record with that mode, set and extra arguments."""
+    """The figures of a protocols record's group with that mode, set and extra arguments."""
     (g,) = [g for g in record(path)["groups"] if (g["mode"], g["set"], g["extra"]) == (mode, name, extra)]
-    return g
+    return g["figures"]
 
 
 def cells(figures, columns=PROTOCOL_COLUMNS):
@@ -363,292 +247,51 @@ def cells(figures, columns=PROTOCOL_COLUMNS):
 def demo_protocols(path):
     """Every protocol, both recipes, three sets: means and sds over seeds; SwAV's differences."""
     groups = sorted(record(path)["groups"], key=lambda g: (ORDER.index(g["mode"]), ORDER.index(g["set"])))
-    lines = [head("recipe", "set", "features", *PROTOCOL_COLUMNS.values())]
-    lines += [row(g["mode"], g["set"], label, *cells(g["figures"][key])) for g in groups
-              for key, label in FEATURES.items()]
     seeds = sorted({tuple(g["seeds"]) for g in groups})
-    lines += ["", figures([("seeds, in every group", "; ".join(", ".join(map(str, s)) for s in seeds)),
-                           ("runs in which the collapse detector fired", f"{sum(g['detector_fired'] for g in groups)} "
-                            f"of {sum(len(g['seeds']) for g in groups)}")], ("the runs", "")),
-              "", "SwAV's mean minus each baseline's, in points:", "",
-              head("recipe", "set", "SwAV minus", *PROTOCOL_COLUMNS.values())]
-    lines += [row(g["mode"], g["set"], label.split(" (")[0],
-                  *(f"{g['figures']['swav'][c][0] - g['figures'][key][c][0]:+.2f}" for c in PROTOCOL_COLUMNS))
-              for g in groups for key, label in list(FEATURES.items())[1:]]
-    return "\n".join(lines)
+    runs = [("seeds, in every group", "; ".join(", ".join(map(str, s)) for s in seeds)),
+            ("runs in which the collapse detector fired",
+             f"{sum(g['detector_fired'] for g in groups)} of {sum(len(g['seeds']) for g in groups)}")]
+    gains = [(g["mode"], g["set"], label.split(" (")[0],
+              *(f"{g['figures']['swav'][c][0] - g['figures'][key][c][0]:+.2f}" for c in PROTOCOL_COLUMNS))
+             for g in groups for key, label in list(FEATURES.items())[1:]]
+    return "\n\n".join([
+        grid(("recipe", "set", "features", *PROTOCOL_COLUMNS.values()),
+             [(g["mode"], g["set"], label, *cells(g["figures"][key])) for g in groups for key, label in FEATURES.items()]),
+        grid(("the runs", ""), runs), "SwAV's mean minus each baseline's, in points:",
+        grid(("recipe", "set", "SwAV minus", *PROTOCOL_COLUMNS.values()), gains)])
 
 
 @table
 def readme_protocols(path):
     """The README's headline table: the full recipe on Fashion-MNIST."""
-    f = group(path, "full", "fashion_mnist", "--amp on")["figures"]
+    f = group(path, "full", "fashion_mnist", "--amp on")
     labels = {"swav": "SwAV (res5avg, 128-d)", "random_init": "random init (same trunk, mean of 5)",
               "raw_pixels": "raw pixels (784-d)"}
-    return "\n".join([head("features", *PROTOCOL_COLUMNS.values())]
-                     + [row(label, *cells(f[key])) for key, label in labels.items()])
-
-
-ONE_PROCESS_COLUMNS = {"knn20": "20-NN", "linear": "linear", "100": "100 / class", "10": "10 / class",
-                       "1": "1 / class"}
+    return grid(("features", *PROTOCOL_COLUMNS.values()), [(label, *cells(f[k])) for k, label in labels.items()])
 
 
 @table
 def demo_one_process(path, protocols, bf16):
     """The quick demo with one process of 128 against two of 64: features and speed."""
     rec, fast = record(path), record(bf16)["speed_ab_alternated_2"]
-    two = group(protocols, "quick", "fashion_mnist")["figures"]["swav"]
-    one = group(path, "quick", "fashion_mnist", "--procs 1")["figures"]["swav"]
+    two, one = group(protocols, "quick", "fashion_mnist")["swav"], group(path, "quick", "fashion_mnist", "--procs 1")["swav"]
     speed, runs = rec["progress_it_per_s_at_299"], fast["runs"]
     seeds = sorted(speed, key=int)
-    return "\n".join([
-        head("SwAV features, quick demo", *ONE_PROCESS_COLUMNS.values()),
-        row("2 processes x 64 (the shipped recipe)", *cells(two, ONE_PROCESS_COLUMNS)),
-        row("1 process x 128", *cells(one, ONE_PROCESS_COLUMNS)),
-        row("difference", *(diff(one[c][0] - two[c][0], max(one[c][1], two[c][1])) for c in ONE_PROCESS_COLUMNS)),
-        "", BOLD, "", figures([
+    return "\n\n".join([
+        grid(("SwAV features, quick demo", *SHORT_COLUMNS.values()),
+             [("2 processes x 64 (the shipped recipe)", *cells(two, SHORT_COLUMNS)),
+              ("1 process x 128", *cells(one, SHORT_COLUMNS)), ("difference", *(diff(one[c], two[c]) for c in SHORT_COLUMNS))]),
+        BOLD, grid(("speed", "it/s", "machine, date"), [
             (f"one process: it/s at iteration 299, seeds {', '.join(seeds)}", ", ".join(f"{speed[s]:.2f}" for s in seeds),
              f"{rec['machine']}; {rec['date']}"),
             ("two processes: it/s at iteration 460, the second round of alternated runs above (`--amp auto`)",
              f"{runs['auto1']['progress_it_per_s_at_460']:.2f}, {runs['auto2']['progress_it_per_s_at_460']:.2f}",
-             f"{record(bf16)['machine']}, {fast['date']}")], ("speed", "it/s", "machine, date"))])
-
-
-@table
-def step_header(path):
-    """The date, machine, command and record of a step benchmark."""
-    rec, name = record(path), Path(path).name
-    return (f"> **Date:** {rec['date']}. **Machine:** {rec['machine']}. **Command:** `{command(rec)}`.\n"
-            f"> Record: [{name}]({name}).")
-
-
-@table
-def step_profile_bf16(path):
-    """The bf16 model step against fp32, and VISSL's loop, from the step profile."""
-    rec = record(path)
-    v = rec["variants"]["bf16"]
-    loop32, loop16 = rec["phases_ms"]["vissl loop"]["step"], rec["phases_ms"]["vissl loop bf16"]["step"]
-    gflops = (rec["flops_forward"] + rec["flops_backward"]) / 1e6 / v["today_ms"]
-    return "\n".join([
-        head("", "model step", "achieved"),
-        row("the matmul peaks on one thread, fp32 and bf16 (`torch.mm` of 1024x1024)", "",
-            f"{rec['matmul_peak_gflops']:.0f} and {rec['matmul_peak_gflops_bf16']:.0f} GFLOP/s"),
-        row("today (fp32, channels-last) against bf16 autocast, head fp32 (alternated)",
-            f"{v['today_ms']:.1f} vs {v['ms']:.1f} ms: {v['ratio_today_over_variant']:.2f}x",
-            f"fp32: {gflops:.1f} GFLOP/s ({100 * gflops / rec['matmul_peak_gflops']:.1f}% of the fp32 peak); bf16: "
-            f"{v['achieved_gflops']:.1f} GFLOP/s ({100 * v['fraction_of_fp32_peak']:.1f}% of the fp32 peak, "
-            f"{100 * v['fraction_of_bf16_peak']:.1f}% of the bf16 peak)"),
-        row("VISSL's loop on the demo config, 20 steps (sequential)",
-            f"{loop32:.1f} vs {loop16:.1f} ms/it: {loop32 / loop16:.2f}x", "")])
-
-
-VARIANT_LABELS = {
-    "bf16": "bf16 autocast, head fp32 (the demo's default on AMX)",
-    "bf16-compile": "bf16 + `torch.compile` of trunk and head ({compile_s:.1f} s to compile, cold cache)",
-    "bf16-im2col-wgrad": "bf16 + the weight gradient of the 4 convolutions with >= 64 input channels as one matmul "
-                         "over im2col slices"}
-
-
-@table
-def step_candidates(path):
-    """The model step of each candidate, against fp32 and bf16."""
-    rec = record(path)
-    v, over = rec["variants"], rec["variants_over_bf16"]
-    lines = [head("variant", "ms", "against today's fp32", "against bf16", "fraction of the bf16 peak"),
-             row("today (fp32, channels-last)", f"{v['bf16']['today_ms']:.1f}", "1", "", "")]
-    lines += [row(VARIANT_LABELS.get(name, f"`{name}`").format(**x), f"{x['ms']:.1f}",
-                  f"{x['ratio_today_over_variant']:.2f}x", "1" if name == "bf16" else f"{over[name]:.2f}x",
-                  f"{100 * x['fraction_of_bf16_peak']:.1f}%") for name, x in v.items()]
-    return "\n".join(lines)
-
-
-OP_LABELS = {"aten::convolution_backward": "convolution backward", "aten::mkldnn_convolution": "convolution forward",
-             "aten::native_batch_norm_backward": "batch-norm backward", "aten::native_batch_norm": "batch-norm forward",
-             "aten::threshold_backward": "ReLU backward", "aten::clamp_min_": "ReLU"}
-
-
-@table
-def step_candidates_ops(path):
-    """Where the step goes, op by op (torch.profiler), in fp32 and bf16."""
-    today, bf16 = (record(path)["op_profile_ms_per_step"][k] for k in ("today", "bf16"))
-    names = sorted((set(today) | set(bf16)) - {"total"}, key=lambda k: -bf16.get(k, 0.0))
-    lines = [head("op (torch.profiler, ms per step)", "fp32 (today)", "bf16")]
-    lines += [row(f"{OP_LABELS[k]} (`{k}`)" if k in OP_LABELS else f"`{k}`", f"{today.get(k, 0.0):.1f}",
-                  f"{bf16.get(k, 0.0):.1f}") for k in names]
-    conv = [o["aten::convolution_backward"] / o["aten::mkldnn_convolution"] for o in (today, bf16)]
-    lines += [row("total of the ops profiled", f"{today['total']:.1f}", f"{bf16['total']:.1f}"),
-              row("convolution backward / forward", f"{conv[0]:.2f}", f"{conv[1]:.2f}")]
-    return "\n".join(lines)
-
-
-@table
-def step_candidates_budget(path, bf16_path):
-    """What a 2x would need: the demo's iteration against the candidates' gains."""
-    rec, runs = record(path), record(bf16_path)["speed_ab_alternated_2"]["runs"]
-    fp32, bf16 = its(runs, "off1", "off2"), its(runs, "auto1", "auto2")
-    it32, it16 = 1e3 / fp32, 1e3 / bf16
-    v, ph = rec["variants"], rec["phases_ms"]
-    step, data_ms, reduce = v["bf16"]["ms"], ph["vissl loop bf16"]["data"], ph["all-reduce"]
-    compile_gain, im2col_gain = step - v["bf16-compile"]["ms"], step - v["bf16-im2col-wgrad"]["ms"]
-    best, iters = it16 - compile_gain - im2col_gain - data_ms, runs["auto1"]["iterations"]
-    return "\n".join([
-        head("the demo's iteration (second round of alternated runs)", "ms"),
-        row(f"fp32 ({fp32:.2f} it/s)", f"{it32:.0f}"), row(f"bf16 ({bf16:.2f} it/s)", f"{it16:.0f}"),
-        row("2x fp32's speed", f"{it32 / 2:.0f}"), row("of the bf16 iteration: the model step", f"{step:.0f}"),
-        row("of it: the input (PNG decoding, multi-crop, collation in the training process; VISSL's loop)",
-            f"{data_ms:.0f}"),
-        row("of it: the gradient all-reduce between the two processes", f"{reduce:.0f}"),
-        row("of it: the rest", f"{it16 - step - data_ms - reduce:.0f}"),
-        row(f"both candidates added up ({compile_gain:.1f} + {im2col_gain:.1f}) and the input for nothing",
-            f"{best:.0f}: {it32 / best:.2f}x fp32's speed"),
-        row("the im2col gradient alone, on the demo's iteration", f"{it16 / (it16 - im2col_gain):.2f}x"),
-        row(f"compile: its cost per process at the start / what it saves over the quick demo's {iters} iterations",
-            f"{v['bf16-compile']['compile_s']:.1f} s / {compile_gain * iters / 1e3:.1f} s")])
-
-
-@table
-def bf16_summary(bf16_path, *step_paths):
-    """What bf16 gains on the demo and on the model step, over the runs."""
-    (i1, _), (i2, _) = (speed_ratios(bf16_path, k) for k in ROUNDS)
-    steps = [record(p)["variants"]["bf16"]["ratio_today_over_variant"] for p in step_paths]
-    return figures([("the demo's iterations per second (two rounds of alternated runs)", f"{i1:.2f}x, {i2:.2f}x"),
-                    ("the model step (two benchmark runs)", f"{steps[0]:.2f}x, {steps[1]:.2f}x")],
-                   ("bf16 (head fp32) over fp32, on this machine", "gain"))
+             f"{record(bf16)['machine']}, {fast['date']}")])])
 
 
 # ------------------------------------------------------------------------------------------
-# the GPU records (docs/gpu.md, README.md)
+# the code's own tables (docs/compat.md, docs/monitoring.md, docs/configs.md)
 # ------------------------------------------------------------------------------------------
-def dtype(name):
-    return name.replace("torch.", "")
-
-
-def yes(flag):
-    return "yes" if flag else "no"
-
-
-@table
-def gpu_check(path):
-    """benchmarks/gpu_check.py's record: the machine and the measured sections."""
-    rec = record(path)
-    m, r = rec["machine"], rec["results"]
-    assert not rec["dry_run"], f"{path}: a dry run, not GPU figures"
-    s, t, p = r["sinkhorn"], r["train_step"], r["pretrain"]
-    f32, f16 = s["fp32"], s["fp16_autocast"]
-    return "\n".join([
-        f"Measured on one {m['card']} ({m['gpu_memory_gib']} GiB, driver {m['driver']}, CUDA {m['cuda']}, torch "
-        f"{m['torch']}, Python {m['python']}, {m['cpu_cores']} cores of an {m['cpu']}), {m['date']}:", "",
-        head("figure (section)", "target", f"measured ({m['card'].replace('NVIDIA ', '')})"),
-        row(f"Sinkhorn-Knopp B={s['B']} x K={s['K']}, ours vs VISSL's built-in, fp32 and under fp16 autocast: ms and "
-            "ratio (`sinkhorn`)", "ours < 1 ms on an H100; codes under autocast equal the fp32 codes within 1e-5",
-            f"ours {f32['ours_ms']:.3f} ms (fp32) and {f16['ours_ms']:.3f} ms (fp16 autocast), VISSL's "
-            f"{f32['vissl_ms']:.3f} / {f16['vissl_ms']:.3f} ms: {f32['ratio_vissl_over_ours']:.2f}x / "
-            f"{f16['ratio_vissl_over_ours']:.2f}x faster; our codes under autocast differ from the fp32 codes by "
-            f"{sci(f16['ours_max_abs_diff_to_fp32'])}, VISSL's by up to {sci(f16['vissl_max_abs_diff_to_fp32'])}"),
-        row(f"ResNet-50 multi-crop training step, {t['crops'].replace(',', ' + ')}, batch {t['batch']}, "
-            f"{t['amp']} AMP: ours vs VISSL's built-in SwAV, same run; peak memory (`train_step`)",
-            "ratio ours / VISSL <= 1.0",
-            f"{t['ours_ms']:.1f} vs {t['vissl_ms']:.1f} ms/step ({t['ours_images_per_s']:.0f} images/s): ratio "
-            f"{t['ratio_ours_over_vissl']:.3f}; peak memory {t['memory']['ours']['peak_mb']:.0f} vs "
-            f"{t['memory']['vissl']['peak_mb']:.0f} MB; first losses {t['first_loss']['ours']:.5f} vs "
-            f"{t['first_loss']['vissl']:.5f}"),
-        row(f"{p['iterations']} iterations of `{p['config']}`, {p['amp']} AMP, {p['data']} images (`pretrain`)",
-            "finite loss, falling, non-finite guard silent",
-            f"loss {p['loss_first']:.3f} -> {p['loss_last']:.3f} (mean of the first fifth "
-            f"{p['loss_mean_first_fifth']:.3f}, of the last {p['loss_mean_last_fifth']:.3f}); finite "
-            f"{yes(p['loss_finite'])}, falling {yes(p['loss_falling'])}, the guard fired "
-            f"{yes(p['nonfinite_guard_fired'])}; {p['images_per_s']:.0f} images/s through VISSL's loader, "
-            f"{100 * p['images_per_s'] / t['ours_images_per_s']:.0f}% of the bare step's "
-            f"{t['ours_images_per_s']:.0f} images/s")])
-
-
-@table
-def gpu_demo(path):
-    """The quick demo on one GPU: the machine, the command, the loader workers' waits."""
-    rec = record(path)
-    m, d = rec["machine"], rec["demo_quick"]
-    before, after = d["forkserver_workers"], d["fork_workers"]
-    t, waits = after["times_s"], after["seconds_from_data_iterator_to_phase_start"]
-    totals = ", ".join(f"{sum(map(float, re.findall(r'([0-9.]+) s', x))):.1f} s" for x in d["fresh_interpreter_imports"])
-    return "\n".join([
-        f"Measured on one {m['card']} (driver {m['driver']}, CUDA {m['cuda']}, torch {m['torch']}, Python "
-        f"{m['python']}, CPU {m['cpu']}), {m['date']}, after installing the offline bundle; record `{path}`:", "",
-        "```bash", d["command"], "```", "",
-        head("loader workers", "from the data iterator's creation to each epoch's start", "in an epoch", "the run"),
-        row(before["what"], ", ".join(f"{x:.1f} s" for x in before["seconds_from_data_iterator_to_phase_start"]),
-            "—", before["note"]),
-        row(after["what"], f"{min(waits):.2f}-{max(waits):.2f} s", f"{after['in_epoch_it_per_s']:.1f} it/s",
-            f"the whole quick demo {t['total']:.1f} s: data {t['data']:.1f} s, training {t['train_launcher']:.1f} s "
-            f"({after['train_iterations']} iterations, launcher and start-up included), evaluation "
-            f"{t['evaluation']:.1f} s, report {t['report']:.1f} s"),
-        "", figures([("a fresh interpreter: importing torch, VISSL and the plugin",
-                      f"{totals} ({'; '.join(d['fresh_interpreter_imports'])})", f"{m['card']}, {m['date']}")],
-                    ("figure", "time", "machine, date"))])
-
-
-@table
-def gpu_demo_figures(path, protocols, one_process):
-    """The quick demo's figures on one GPU (two batches), beside the CPU's over seeds."""
-    rec = record(path)
-    first, second = rec["demo_quick"]["fork_workers"], rec["demo_quick_batch128"]
-
-    def gpu_cells(run, key):
-        s = run["summary"]
-        return [f"{v:.2f}" for v in [run["knn"][key]["knn20"]] + [s[f"{p}_{key}"] for p in
-                                                                   ("linear", "shot100", "shot10", "shot1")]]
-
-    for key in ("random_init", "raw_pixels"):
-        assert gpu_cells(first, key) == gpu_cells(second, key), f"{path}: the {key} baseline differs between runs"
-    two = group(protocols, "quick", "fashion_mnist")["figures"]["swav"]
-    one = group(one_process, "quick", "fashion_mnist", "--procs 1")["figures"]["swav"]
-    card, batch = rec["machine"]["card"], second["batch"].split("x")[-1]
-    t1, t2 = first["times_s"], second["times_s"]
-    return "\n".join([
-        head("features (quick mode)", *ONE_PROCESS_COLUMNS.values()),
-        row(f"SwAV, {card}, seed 0, batch 64 (6 epochs)", *gpu_cells(first, "swav")),
-        row(f"SwAV, {card}, seed 0, batch {batch} ({second['epochs']} epochs, the default now)",
-            *gpu_cells(second, "swav")),
-        row("random init, seed 0", *gpu_cells(first, "random_init")), row("raw pixels", *gpu_cells(first, "raw_pixels")),
-        row("SwAV, 2-core CPU, 2 processes x 64, seeds 0-2", *cells(two, ONE_PROCESS_COLUMNS)),
-        row("SwAV, 2-core CPU, 1 process x 128, seeds 0-2", *cells(one, ONE_PROCESS_COLUMNS)), "",
-        figures([(f"batch {b}", f"{x['total']:.1f} s", f"{x['train_launcher']:.1f} s", f"{card}, {rec['machine']['date']}")
-                 for b, x in ((batch, t2), (64, t1))], ("the quick demo, seed 0", "in all", "training", "machine, date"))])
-
-
-@table
-def gpu_fp32_head(path):
-    """The fp32 head under real CUDA fp16 autocast."""
-    h = record(path)["fp32_head_under_cuda_fp16_autocast"]
-    assert h["ok"], f"{path}: the fp32-head check did not pass"
-    on = " and ".join(sorted(set(dtype(x) for x in h["on_dtypes"])))
-    return f"**fp16 autocast and the fp32 head** ({h['device']}, torch {h['torch']}), under real CUDA fp16 autocast:\n\n" + \
-        figures([("`swav_plugin_head` with `fp32_head: True`: its outputs; largest difference from the fp32 head's on "
-                  "the same features", f"{on}; {h['on_equal_fp32_head_maxdiff']:.1f}"),
-                 ("without the option: the prototype scores; largest difference from the fp32 scores",
-                  f"{dtype(h['off_dtypes'][-1])}; {sci(h['off_scores_maxdiff_vs_fp32'])}"),
-                 ("a ResNet-10 + head step with a gradient scaler: trunk features, scores, gradients",
-                  f"{dtype(h['trunk_feature_dtype'])}, {dtype(h['scores_dtype'])}, "
-                  f"{'finite' if h['grads_finite'] else 'non-finite'}")], ("check", "result"))
-
-
-@table
-def readme_gpu(gpu_check_path, demo_path):
-    """The README's GPU figures: a row per GPU."""
-    g, h = record(gpu_check_path), record(demo_path)
-    m, r = g["machine"], g["results"]
-    s, t, p = r["sinkhorn"]["fp32"], r["train_step"], r["pretrain"]
-    b = h["demo_quick_batch128"]
-    return figures([
-        (f"{m['card']} (torch {m['torch']}), {m['date']}", f"{t['ours_ms']:.1f} ms, {t['vissl_ms']:.1f} ms",
-         f"{s['ours_ms']:.2f} ms; {s['ratio_vissl_over_ours']:.1f}x",
-         f"{p['images_per_s']:.0f}; {100 * p['images_per_s'] / t['ours_images_per_s']:.0f}%", "—"),
-        (f"{h['machine']['card']}, {h['machine']['date']}", "—", "—", "—",
-         f"{b['times_s']['total']:.1f} s, {b['times_s']['train_launcher']:.1f} s")],
-        ("GPU, date", "the ResNet-50 multi-crop step: ours, VISSL's built-in SwAV",
-         f"Sinkhorn ({r['sinkhorn']['B']} x {r['sinkhorn']['K']}): ours; VISSL's over ours",
-         f"`{p['config'].split('/')[-1]}` training: images/s; share of the bare step",
-         f"the quick demo (batch {b['batch'].split('x')[-1]}, fp16 autocast): in all, training"))
-
-
 def patches_by_module():
     """``{module file: [patch, ...]}`` of every registered compat patch, in the engine's order."""
     import vissl  # noqa: F401  (the start-up hook registers the plugin)
@@ -683,12 +326,9 @@ def compat_patches():
              if p.name not in ("__init__.py", "engine.py")]
     order = [m for m in fixes if m in by_module or m in files]
     order += [m for m in [*by_module, *files] if m not in order]
-    lines = [head("module", "patches", "what breaks in VISSL 0.1.6, and the fix")]
-    for m in order:
-        fix = fixes.get(m, {})
-        patches = ", ".join(f"`{n}`" for n in by_module[m]) if m in by_module else fix.get("patches", "none")
-        lines.append(row(f"`{m}`", patches, fix.get("fix", "")))
-    return "\n".join(lines)
+    return grid(("module", "patches", "what breaks in VISSL 0.1.6, and the fix"), [
+        (f"`{m}`", ", ".join(f"`{n}`" for n in by_module[m]) if m in by_module else fixes.get(m, {}).get("patches", "none"),
+         fixes.get(m, {}).get("fix", "")) for m in order])
 
 
 @table
@@ -720,12 +360,6 @@ def collapse_message(config):
     text = message("uniform", cfg.LOSS.name, math.log(k), heads, dict(cfg.HOOKS.COLLAPSE_DETECTOR), run_context(cfg),
                    iterations=(130, 229), streak=100, epoch=5, lr=0.2807, epoch_used=[k])
     return "```text\n" + text.rstrip("\n") + "\n```"
-
-
-# ------------------------------------------------------------------------------------------
-# the configs (docs/configs.md)
-# ------------------------------------------------------------------------------------------
-CONFIGS = REPO / "configs" / "config"
 
 
 def shipped_configs(root=CONFIGS):
@@ -778,24 +412,22 @@ def config_value(name, key, root=CONFIGS):
 @table
 def config(name, root=CONFIGS):
     """``| key | value |`` of the keys docs/doc_tables.yaml lists for ``name``, values from the YAML."""
-    keys = data()["configs"][name]["keys"]
-    return "\n".join([head("key", "value")] + [row(f"`{k}`", f"`{config_value(name, k, root)}`") for k in keys])
+    return grid(("key", "value"), [(f"`{k}`", f"`{config_value(name, k, root)}`") for k in data()["configs"][name]["keys"]])
 
 
 @table
 def configs(root=CONFIGS):
     """One row per shipped config: purpose, hardware and time from docs/doc_tables.yaml (in its
     order), batch and epochs from the YAML; a config it lacks comes last with empty columns."""
-    written = data()["configs"]
-    lines = [head("config", "purpose", "hardware", "batch", "epochs", "expected time")]
-    for name in [n for n in written if n in shipped_configs(root)] + [n for n in shipped_configs(root)
-                                                                      if n not in written]:
+    written, shipped = data()["configs"], shipped_configs(root)
+    rows = []
+    for name in [n for n in written if n in shipped] + [n for n in shipped if n not in written]:
         cfg, w = config_yaml(name, root), written.get(name, {})
         per, dist = cfg["DATA"]["TRAIN"]["BATCHSIZE_PER_REPLICA"], cfg["DISTRIBUTED"]
         procs = dist["NUM_NODES"] * dist["NUM_PROC_PER_NODE"]
-        lines.append(row(f"`{name}`", w.get("purpose", ""), w.get("hardware", ""), f"{per} × {procs} = {per * procs}",
-                         cfg.get("OPTIMIZER", {}).get("num_epochs", "—"), w.get("time", "")))
-    return "\n".join(lines)
+        rows.append((f"`{name}`", w.get("purpose", ""), w.get("hardware", ""), f"{per} × {procs} = {per * procs}",
+                     cfg.get("OPTIMIZER", {}).get("num_epochs", "—"), w.get("time", "")))
+    return grid(("config", "purpose", "hardware", "batch", "epochs", "expected time"), rows)
 
 
 # ------------------------------------------------------------------------------------------
@@ -809,18 +441,13 @@ def build_parser():
     return p
 
 
-def cog_args(check, files):
-    """cog's command line over ``files``: ``-r`` rewrites, ``--check --diff`` only compares."""
-    mode = ["--check", "--diff", "--check-fail-msg=run `.venv/bin/python tools/doc_tables.py`"] if check else ["-r"]
-    return ["cog", "--verbosity=1", "-I", str(REPO / "tools"), *mode, *map(str, files)]
-
-
 def main(argv=None):
-    """Rewrite (or ``--check``) every cog block of README.md and docs/."""
+    """Rewrite (cog ``-r``) or compare (``--check --diff``) every cog block of README.md and docs/."""
     from cogapp import Cog
 
-    args = build_parser().parse_args(argv)
-    status = Cog().main(cog_args(args.check, pages()))
+    check = build_parser().parse_args(argv).check
+    mode = ["--check", "--diff", "--check-fail-msg=run `.venv/bin/python tools/doc_tables.py`"] if check else ["-r"]
+    status = Cog().main(["cog", "--verbosity=1", "-I", str(REPO / "tools"), *mode, *map(str, pages())])
     return {0: 0, 5: 1}.get(status, 2)
 
 

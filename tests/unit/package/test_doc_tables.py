@@ -5,6 +5,7 @@ its row; the hand-written columns come from docs/doc_tables.yaml, the figures fr
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -44,26 +45,34 @@ def test_every_cog_line_of_the_pages_calls_emit():
 
 
 def test_every_record_table_and_config_has_a_block():
+    """A record is a block's argument, or one of the dated study's, which links it beside its tables
+    (docs/experiments/benchmarks.md: its records never change, so its tables are plain text)."""
     found = emits()
     paths = {a for _, _, args in found for a in args if a.startswith("docs/experiments/")}
     records = {p.relative_to(REPO).as_posix() for p in (REPO / "docs" / "experiments").rglob("*.json")}
     assert paths <= records, f"blocks name records that do not exist: {sorted(paths - records)}"
-    assert records <= paths, f"records no page shows: {sorted(records - paths)}"
+    study = (REPO / "docs/experiments/benchmarks.md").read_text()
+    linked = {r for r in records if f"]({Path(r).name})" in study}
+    assert records <= paths | linked, f"records no page shows: {sorted(records - paths - linked)}"
     assert {name for _, name, _ in found} == set(dt.TABLES)
+    assert {args[0] for _, name, args in found if name == "figures"} == set(dt.data()["figures"]), \
+        "a table of figures: in docs/doc_tables.yaml that no block shows, or a block naming none"
     configs = [args[0] for page, name, args in found if name == "config"]
     assert sorted(configs) == dt.shipped_configs() and len(set(configs)) == len(configs)
 
 
 def _page(tmp_path, block):
-    """A checkout in ``tmp_path`` holding README.md with ``block`` (a copied cog block)."""
+    """A checkout in ``tmp_path`` holding README.md with ``block`` (a copied cog block) and
+    docs/doc_tables.yaml."""
     (tmp_path / "docs").mkdir()
+    shutil.copy(REPO / dt.DATA, tmp_path / dt.DATA)
     (tmp_path / "README.md").write_text("# x\n\n" + block + "\n")
     return tmp_path / "README.md"
 
 
 def _block(page, name):
     text = (REPO / page).read_text()
-    start = text.index(f't.emit("{name}"')
+    start = text.index(name)
     start = text.rindex("\n", 0, start) + 1
     end = text.index("<!-- [[[end]]] -->", start) + len("<!-- [[[end]]] -->")
     return text[start:end]
@@ -73,25 +82,25 @@ def test_a_changed_record_fails_the_check_and_the_rewrite_writes_it(tmp_path, mo
     """The epoch-pause record with a pause of 9.87 s: --check exits 1 with the new figure in its
     difference, the rewrite writes it, and --check passes again."""
     name = "docs/experiments/epoch_pause_cpu_2026-11-26.json"
-    page = _page(tmp_path, _block("docs/gpu.md", "epoch_pause"))
+    page = _page(tmp_path, _block("docs/gpu.md", '"epoch_pause"'))
     rec = json.loads((REPO / name).read_text())
     rec["results"]["plugin"]["pause_s"] = 9.87
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / name).write_text(json.dumps(rec))
     monkeypatch.setattr(dt, "REPO", tmp_path)
-    dt.record.cache_clear()
+    dt.record.cache_clear(), dt.data.cache_clear()
     try:
         assert dt.main(["--check"]) == 1
         assert "+| plugin (persistent workers) |" in capsys.readouterr().out
         assert "9.87 s" not in page.read_text()
-        assert dt.main([]) == 0 and "| 0.08 s | 9.87 s |" in page.read_text()
+        assert dt.main([]) == 0 and "| 43.84, 0.13, 0.08 s | 9.87 s |" in page.read_text()
         assert dt.main(["--check"]) == 0
     finally:
-        dt.record.cache_clear()
+        dt.record.cache_clear(), dt.data.cache_clear()
 
 
 def test_a_failing_block_exits_2(tmp_path, monkeypatch):
-    _page(tmp_path, '<!-- [[[cog import doc_tables as t; t.emit("epoch_pause", "docs/experiments/no.json")]]] -->\n'
+    _page(tmp_path, '<!-- [[[cog import doc_tables as t; t.emit("figures", "epoch_pause", "docs/experiments/no.json")]]] -->\n'
                     "<!-- [[[end]]] -->")
     monkeypatch.setattr(dt, "REPO", tmp_path)
     assert dt.main(["--check"]) == 2
