@@ -152,3 +152,25 @@ def test_the_compat_table_lists_every_module_and_patch():
     assert compat - files == {"__init__.py", "engine.py"}
     written = yaml.safe_load((REPO / "docs/doc_tables.yaml").read_text())["compat"]
     assert set(written) <= files and all(r[2] for r in rows), "a compat module without its fix in docs/doc_tables.yaml"
+
+
+def _flags(node, key):
+    """Every value of ``key`` anywhere in a record."""
+    if isinstance(node, dict):
+        yield from ([node[key]] if key in node else [])
+        for v in node.values():
+            yield from _flags(v, key)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _flags(v, key)
+
+
+def test_the_pages_show_no_dry_run_and_no_failed_check():
+    """A record a page shows as measured figures is no dry run (gpu_check's ``--dry-run`` writes the
+    same fields at tiny sizes) and holds no check that failed (``ok: false``); a planted one fails."""
+    def bad(rec):
+        return any(_flags(rec, "dry_run")) or not all(_flags(rec, "ok"))
+
+    shown = sorted({a for _, _, args in emits() for a in args if a.endswith(".json")})
+    assert shown and not [p for p in shown if bad(dt.record(p))]
+    assert bad({"results": {}, "dry_run": True}) and bad({"check": {"ok": False}}) and not bad({"check": {"ok": True}})
