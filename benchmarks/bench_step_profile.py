@@ -54,7 +54,14 @@ import torch
 
 import recipes as br
 import benchmarking as bm
-from vissl_swav_plugin.utils.cpu_features import bf16_matrix_units, cpu_flags, cpu_model, native_bf16  # noqa: F401 (used and re-exported)
+from vissl_swav_plugin.utils.cpu_features import cpu_flags, cpu_model
+
+
+def native_bf16(cpuinfo_text=None) -> bool:
+    """Whether the CPU has native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16``): the bf16
+    variants run only there."""
+    return bool(cpu_flags(cpuinfo_text) & {"avx512_bf16", "amx_bf16"})
+
 
 PHASES = ("data", "forward", "loss (no Sinkhorn)", "Sinkhorn", "backward", "optimiser", "all-reduce")
 ALL_VARIANTS = ("nchw", "threads2", "bf16", "compile", "no-finite-check", "bf16-compile")

@@ -48,8 +48,6 @@ from vissl_swav_plugin.compat.checkpoint_files import (  # noqa: F401  (re-expor
 )
 from vissl_swav_plugin.compat.engine import original, patch, register, skip_requested
 
-logger = logging.getLogger(__name__)
-
 WRITES = "shim_atomic_checkpoints"
 
 # "Owner.attr" -> VISSL's / Classy's value before our patch (this module's and .checkpoint_load's)

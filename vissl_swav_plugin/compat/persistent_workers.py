@@ -55,7 +55,7 @@ test phase keeps the train and the test loaders' workers (``2 x NUM_DATALOADER_W
 """
 import functools
 import logging
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Tuple
 
 from vissl_swav_plugin.compat.engine import patch, raw, register
 
@@ -268,7 +268,3 @@ def shim_persistent_workers():
 
     patch("shim_persistent_workers", ssl_dataset.GenericSSLDataset, "__getitem__", __getitem__)
 
-
-def loaded_states(dataset) -> Optional[Tuple]:
-    """The snapshot a worker's dataset loaded last (None: none yet); for tests and probes."""
-    return dataset.__dict__.get(_LOADED)

@@ -19,15 +19,13 @@ file under ``config/`` that Hydra loads, naming the file and where it came from:
     config pretrain/swav/swav_8node_resnet from /home/me/configs/config/pretrain/swav/swav_8node_resnet.yaml (user working directory)
 
 The line goes to VISSL's log when logging is set up, else to stdout (VISSL's launcher
-composes the config before it sets up logging).  :func:`last_origins` returns the
-configs the last compositions loaded, for programs and tests.
+composes the config before it sets up logging).
 """
 import importlib.resources
 import logging
 import os
 from pathlib import Path
-from collections import deque
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from hydra._internal.sources_registry import SourcesRegistry
 from hydra.core.config_search_path import ConfigSearchPath, SearchPathElement
@@ -42,8 +40,6 @@ VISSL_CONFIGS = "pkg://configs"  # VISSL's packaged configs
 ORIGINALS_PREFIX = "vissl"  # config=vissl/<name>: VISSL's own config <name>
 GROUP = "config"  # VISSL's configs all live in the "config" group
 LABEL_CWD, LABEL_OURS, LABEL_VISSL = "user working directory", "vissl-swav-plugin", "VISSL"
-
-_origins: deque = deque(maxlen=256)  # (name, file, label) of the configs loaded lately
 
 
 def configs_dir() -> Path:
@@ -64,17 +60,6 @@ def configs_dir() -> Path:
         f"vissl_swav_plugin: no configs directory found (looked in {pkg / '_configs'} "
         f"and {pkg.parent / 'configs'}); reinstall the package"
     )
-
-
-def last_origins() -> List[Tuple[str, str, str]]:
-    """The configs loaded by Hydra in this process lately (the last 256), oldest first.
-
-    Returns:
-        A list of ``(name, file, label)``: ``name`` as given after ``config=``
-        (``pretrain/swav/swav_8node_resnet``), ``file`` the YAML file read, ``label`` one of
-        ``"user working directory"``, ``"vissl-swav-plugin"``, ``"VISSL"``.
-    """
-    return list(_origins)
 
 
 def _emit(line: str) -> None:
@@ -131,7 +116,6 @@ class LoggedConfigSource(ConfigSource):
         if config_path.startswith(GROUP + "/"):
             file = self._file_of(path)
             name, label = config_path[len(GROUP) + 1:], self.label(file)
-            _origins.append((name, file, label))
             _emit(f"config {name} from {file} ({label})")
         return result
 

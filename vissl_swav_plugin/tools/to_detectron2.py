@@ -49,7 +49,6 @@ from collections import OrderedDict
 from pathlib import Path
 
 AUTHOR = "vissl_swav_plugin"
-_BN_FIELDS = ("weight", "bias", "running_mean", "running_var")
 # torchvision ResNet parameter names (fc excluded) and their detectron2 names
 _RULES = [
     (re.compile(r"^conv1\.weight$"), lambda m: "stem.conv1.weight"),

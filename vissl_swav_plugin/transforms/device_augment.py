@@ -70,9 +70,7 @@ from vissl_swav_plugin.transforms.multicrop_config import DEVICE_AUGMENT_MODES
 
 __all__ = [
     "KEY", "MODES", "OFF", "NORMALIZE", "PHOTOMETRIC", "NUM_PARAMS", "P_JITTER", "P_FACTORS", "P_ORDER",
-    "P_GRAY", "P_BLUR", "P_SIGMA", "P_RADIUS", "DeviceAugmenter", "adjust_brightness", "adjust_contrast",
-    "adjust_saturation", "adjust_hue", "to_grayscale", "color_jitter", "gaussian_blur", "apply_photometric",
-    "pack_params",
+    "P_GRAY", "P_BLUR", "P_SIGMA", "P_RADIUS", "DeviceAugmenter", "apply_photometric", "pack_params",
 ]
 
 #: the config key (dotted, without ``config.``)
@@ -327,38 +325,9 @@ def _affine_(z: torch.Tensor, items: Sequence[tuple]) -> None:
     _round_where_(z, [op is not None and f > 1.0 for op, f in items])
 
 
-def adjust_brightness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """``x -> b x`` per crop."""
-    y = x.to(torch.float32, copy=True)
-    with _autocast_off(y.device.type):
-        _brightness_(y, _host(f))
-    return y
-
-
-def adjust_contrast(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """``x -> c x + (1 - c) m`` per crop, ``m`` the mean luma of the crop rounded to a level (as PIL's)."""
-    y = x.to(torch.float32, copy=True)
-    with _autocast_off(y.device.type):
-        _contrast_(y, _host(f))
-    return y
-
-
-def adjust_saturation(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """``x -> s x + (1 - s) luma(x)`` per crop."""
-    y = x.to(torch.float32, copy=True)
-    with _autocast_off(y.device.type):
-        _saturation_(y, _host(f))
-    return y
-
-
 # -- hue: PIL's 8-bit HSV round trip in float32 integer arithmetic ------------------------------
 _HUE_TABLES = {}  # device -> [3, 256 * 1024] float32
 _HUE_TIES: List[Optional[List[int]]] = [None]
-
-
-def _hue_shifts(h) -> List[int]:
-    """The 8-bit hue shifts of hue factors ``h`` (torchvision's / the workers' ``int(h * 255) & 255``)."""
-    return [int(v * 255) & 255 for v in _host(h)]
 
 
 def _pil_hue_ties() -> List[int]:
@@ -464,29 +433,11 @@ def _hue_(z: torch.Tensor, shifts: Sequence[int], rounded: bool = False) -> None
     z.div_(_k(65025.0, z)).floor_()
 
 
-def adjust_hue(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """Shift the hue of each crop by ``h`` turns through PIL's 8-bit HSV (see the module
-    docstring); ``x`` is rounded to whole levels first (the workers' crop is uint8 there).  A
-    crop whose 8-bit shift is 0 is returned as it is, as the workers skip it."""
-    y = x.to(torch.float32, copy=True)
-    shifts = _hue_shifts(h)
-    idx = [k for k, s in enumerate(shifts) if s]
-    with _autocast_off(y.device.type):
-        _run_on(y, idx, _hue_, [shifts[k] for k in idx])
-    return y
-
-
 def _gray_(z: torch.Tensor, _items=None) -> None:
     z.copy_(_round_clip(_luma(z)).expand_as(z))
 
 
-def to_grayscale(x: torch.Tensor) -> torch.Tensor:
-    """ITU-R 601-2 luma rounded to a level, in all three channels."""
-    return _round_clip(_luma(x)).expand(-1, 3, -1, -1).contiguous()
-
-
 _AFFINE = (_brightness_, _contrast_, _saturation_)
-_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
 
 
 def _color_jitter_(y: torch.Tensor, crops: Sequence[int], factors: Sequence[Sequence[float]],
@@ -512,18 +463,6 @@ def _color_jitter_(y: torch.Tensor, crops: Sequence[int], factors: Sequence[Sequ
             for j in hue:
                 whole[j] = True
     return whole
-
-
-def color_jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """The colour jitter of each crop of ``x`` with its own factors ``[n, 4]`` (b, c, s, h) in
-    its own order ``[n, 4]`` (a permutation of 0..3), batched step by step
-    (:func:`_color_jitter_`; factors and order are read on the host: no device syncs after)."""
-    y = x.to(torch.float32, copy=True)
-    f = factors.detach().cpu().tolist()
-    o = [[int(v) for v in row] for row in order.detach().cpu().tolist()]
-    with _autocast_off(y.device.type):
-        _color_jitter_(y, list(range(y.shape[0])), f, o)
-    return y
 
 
 # -- blur ----------------------------------------------------------------------------------
@@ -680,17 +619,6 @@ def _blur_(y: torch.Tensor, crops: Sequence[int], sigmas: Sequence[float], radii
                 _run_on(y, [k for k, _ in part], _truncated_, [v for _, v in part], r)
             else:
                 _box_blur_(y, [k for k, _ in part], [v for _, v in part], r)
-
-
-def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
-    """The workers' blur rule (module docstring), ``sigma`` and ``radius`` one per crop (read
-    on the host); the crops of each rule are one batch."""
-    y = x.to(torch.float32, copy=True)
-    sig = _host(sigma)
-    rad = [int(v) for v in _host(radius)]
-    with _autocast_off(y.device.type):
-        _blur_(y, list(range(y.shape[0])), sig, rad)
-    return y
 
 
 # -- the whole device side ----------------------------------------------------------------------

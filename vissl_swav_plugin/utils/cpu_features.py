@@ -1,12 +1,7 @@
-"""What the CPU is and offers for bf16, read from ``/proc/cpuinfo`` (Linux; empty elsewhere).
-
-Native bf16 is not the same as faster bf16: on a 2-core Intel Xeon with AVX512-BF16 but no AMX
-the demo's bf16 autocast step was slower than fp32 (359 vs 312 ms), on one with AMX tiles
-(``amx_bf16``) it was 1.37x-1.60x faster (docs/experiments/benchmarks.md), and on a 2-core AMD
-EPYC (Zen 5) with AVX512-BF16 but no AMX it trained 1.25-1.38x faster (docs/demo.md).  So the
-demo's ``--amp auto`` times the step instead of reading these flags
-(:mod:`vissl_swav_plugin.utils.amp_measure`); the model name and the flags are part of the key
-under which that timing is cached.
+"""The CPU's model name and flags, read from ``/proc/cpuinfo`` (Linux; empty elsewhere): part of
+the key under which the demo's ``--amp auto`` caches its timing
+(:mod:`vissl_swav_plugin.utils.amp_measure`).  That option times the step rather than reading
+the bf16 flags, since native bf16 is not always the faster (docs/experiments/benchmarks.md).
 """
 import platform
 from typing import Optional, Set
@@ -42,14 +37,3 @@ def cpu_flags(cpuinfo_text: Optional[str] = None) -> Set[str]:
         if line.startswith("flags"):
             flags.update(line.split(":", 1)[1].split())
     return flags
-
-
-def native_bf16(cpuinfo_text: Optional[str] = None) -> bool:
-    """Whether the CPU has native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16``)."""
-    return bool(cpu_flags(cpuinfo_text) & {"avx512_bf16", "amx_bf16"})
-
-
-def bf16_matrix_units(cpuinfo_text: Optional[str] = None) -> bool:
-    """Whether the CPU has AMX bf16 tile units (``amx_bf16``), where oneDNN's bf16
-    convolutions and matmuls outrun fp32."""
-    return "amx_bf16" in cpu_flags(cpuinfo_text)

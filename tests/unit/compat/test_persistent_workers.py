@@ -136,7 +136,7 @@ def test_worker_copy_loads_the_carried_state_before_reading_the_item(folder):
     t.set_epoch(1, 4)
     states = pw.epoch_states(ds)
     item = worker[pw.EpochIndex(3, states)]
-    assert wt.current_color_strength == [0.5, 0.25] and pw.loaded_states(worker) == states
+    assert wt.current_color_strength == [0.5, 0.25] and worker.__dict__[pw._LOADED] == states
     assert set(item["data_idx"]) == {3} and all(type(i) is int for i in item["data_idx"])
     assert wt.current_color_strength == t.current_color_strength
     worker[5]  # a plain index changes nothing

@@ -72,3 +72,11 @@ def test_demo_batch_has_the_recipe_crops():
     batch = mod.make_batch(mod.build_transform(), mod.random_images(3))
     assert [tuple(c.shape) for c in batch] == [(3, 3, 28, 28)] * 2 + [(3, 3, 16, 16)] * 4
     assert all(c.dtype == torch.float32 for c in batch)
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ("fpu avx512f avx512_bf16", True), ("fpu amx_tile amx_bf16", True), ("fpu avx2 avx512f", False),
+    ("", False)])
+def test_bf16_variants_run_where_the_flags_line_has_native_bf16(flags, expected):
+    cpuinfo = "".join(f"processor\t: {i}\nmodel name\t: Test CPU\nflags\t\t: {flags}\n\n" for i in range(2))
+    assert _module().native_bf16(cpuinfo) is expected

@@ -57,6 +57,22 @@ def run(t, image, seed):
     return t(image)
 
 
+def photometric(x, jitter=0, factors=(1.0, 1.0, 1.0, 0.0), order=(0, 1, 2, 3), gray=0, blur=0, sigma=0.0,
+                radius=0):
+    """The device side (``apply_photometric``) of the crops ``x`` with these parameters, each one
+    value for every crop or one per crop; by default nothing (no jitter, grayscale or blur)."""
+    p = da.pack_params(jitter, factors, order, gray, blur, np.broadcast_to(sigma, x.shape[:1]), radius)
+    return da.apply_photometric(x, p)
+
+
+def only(op, f):
+    """The jitter parameters of op ``op`` alone with factor ``f``: first in the order, the others
+    after it with their identity factors (exact no-ops on the device)."""
+    factors = [1.0, 1.0, 1.0, 0.0]
+    factors[op] = f
+    return dict(jitter=1, factors=factors, order=[op] + [k for k in range(4) if k != op])
+
+
 def device(t, out):
     """What the train step makes of one image's worker output: crops batched per position."""
     aug = da.DeviceAugmenter(t.mean, t.std, t.min_std, photometric=t.device_augment == "photometric")
@@ -99,7 +115,8 @@ def _diffs(pairs):
 def test_each_jitter_op_equals_the_workers_op(op, tol, frac):
     """Brightness (0), contrast (1), saturation (2), hue (3) with the same factor, on random
     images and factors over the recipe's ranges (and beyond 1, where clipping acts): the
-    device op equals the workers' op (``multicrop_ops.color_jitter`` with that one op) up to
+    device side with that op alone (:func:`only`) equals the workers' op
+    (``multicrop_ops.color_jitter`` with that one op) up to
     ``tol`` levels on at most ``frac`` of the values (module docstring)."""
     rng = np.random.default_rng(1 + op)
     pairs = []
@@ -109,7 +126,7 @@ def test_each_jitter_op_equals_the_workers_op(op, tol, frac):
         if op == 3 and len(pairs) % 4 == 0:
             f[3] = rng.uniform(-0.9, 0.9) / 255  # a zero 8-bit shift: the workers leave the crop as it is
         cpu = as_tensor(ops.color_jitter(im, f, [op], False))
-        dev = da._round_clip(da._OPS[op](as_tensor(im), torch.tensor([f[op]], dtype=torch.float64)))
+        dev = photometric(as_tensor(im), **only(op, f[op]))
         pairs.append((cpu, dev))
     d = _diffs(pairs)
     assert d.max() <= tol and (d > 0).mean() <= frac, (d.max(), (d > 0).mean())
@@ -125,12 +142,11 @@ def test_jitter_chain_and_grayscale_equal_the_workers_ops():
     gray = rng.random(64) < 0.3
     cpu = torch.cat([as_tensor(ops.color_jitter(im, f[k].tolist(), order[k].tolist(), bool(gray[k])))
                      for k, im in enumerate(ims)])
-    dev = da.color_jitter(torch.cat([as_tensor(im) for im in ims]), torch.tensor(f), torch.tensor(order))
-    dev[torch.tensor(gray)] = da.to_grayscale(dev[torch.tensor(gray)])
-    d = _diffs([(cpu, da._round_clip(dev))])
+    dev = photometric(torch.cat([as_tensor(im) for im in ims]), jitter=1, factors=f, order=order, gray=gray)
+    d = _diffs([(cpu, dev)])
     assert d.max() <= 6 and (d > 0).mean() < 0.02 and d.mean() < 0.05, (d.max(), (d > 0).mean(), d.mean())
     plain = torch.cat([as_tensor(im.convert("L")) for im in ims])  # the grayscale of unjittered crops
-    d = _diffs([(plain, da.to_grayscale(torch.cat([as_tensor(im) for im in ims])))])
+    d = _diffs([(plain, photometric(torch.cat([as_tensor(im) for im in ims]), gray=1))])
     assert d.max() <= 1 and (d > 0).mean() < 0.002
 
 
@@ -146,7 +162,7 @@ def test_blur_equals_the_workers_blur(size):
     sig = rng.uniform(0.1, 2.0, 12)
     r = int(0.1 * size) // 2
     cpu = torch.cat([as_tensor(ops.gaussian_blur(im, float(s), r)) for im, s in zip(ims, sig)])
-    dev = da.gaussian_blur(torch.cat([as_tensor(im) for im in ims]), torch.tensor(sig), torch.full((12,), r))
+    dev = photometric(torch.cat([as_tensor(im) for im in ims]), blur=1, sigma=sig, radius=r)
     d = (cpu - dev).abs()
     assert d.max() <= 1 and (d > 0).float().mean() < 1e-4
 
@@ -189,7 +205,7 @@ def test_hue_equals_pils_on_every_hue():
         h = shift / 255 + 1e-9 if shift < 128 else (shift - 256) / 255 - 1e-9
         assert int(h * 255) & 255 == shift
         cpu = as_tensor(ops.color_jitter(im, [1.0, 1.0, 1.0, h], [3], False))
-        dev = da.adjust_hue(as_tensor(im), torch.tensor([h], dtype=torch.float64))
+        dev = photometric(as_tensor(im), **only(3, h))
         assert torch.equal(cpu, dev), (shift, int((cpu != dev).sum()))
 
 
@@ -206,7 +222,7 @@ def test_box_blur_equals_pils_bit_for_bit():
     x = np.ascontiguousarray(np.broadcast_to(rows, (n, 3, 6, 64)))
     cpu = torch.cat([as_tensor(ops.gaussian_blur(Image.fromarray(c.transpose(1, 2, 0)), float(s), 3))
                      for c, s in zip(x, sig)])
-    dev = da.gaussian_blur(torch.from_numpy(x).float(), torch.tensor(sig), torch.full((n,), 3))
+    dev = photometric(torch.from_numpy(x).float(), blur=1, sigma=sig, radius=3)
     assert torch.equal(cpu, dev), int((cpu != dev).sum())
 
 
