@@ -40,12 +40,11 @@ import re
 import shlex
 import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-SITE = Path(sysconfig.get_paths()["purelib"])
+from testkit import REPO, SITE, catalog_env, make_image_folder
+
 VENV_BIN = Path(sys.executable).parent
 
 LANGUAGES = ("bash", "sh", "console")
@@ -87,13 +86,10 @@ RUNNABLE = {"swav-plugin-prepare-data": "--source", "swav-plugin-mean-std": None
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 #: added to a run of swav-plugin-prepare-data on the full Fashion-MNIST, so that it takes seconds
 SMALLER = ["--limit-per-class", "40"]
-#: launchers whose composed config goes through the launch checks
-LAUNCHER_SCRIPTS = ("tools/run_distributed_engines.py", "run_distributed_engines.py")
 
 
 @dataclass
 class Block:
-    page: str
     line: int
     info: str
     body: str
@@ -101,19 +97,11 @@ class Block:
 
 
 @dataclass
-class Command:
-    page: str
-    line: int
-    argv: list
-    text: str
-
-
-@dataclass
 class PageState:
+    env: dict
+    run_enabled: bool  # run the runnable commands (subprocesses)
     activated: bool = False
-    env: dict = field(default_factory=dict)
     jobs: list = field(default_factory=list)  # config compositions, done at the page's end (compose_jobs)
-    run_enabled: bool = True  # run the runnable commands (subprocesses)
     exported: dict = field(default_factory=dict)  # `export`ed variables: the environment of later commands
 
 
@@ -121,7 +109,7 @@ def user_pages():
     return [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
 
 
-def shell_blocks(text, page="page.md"):
+def shell_blocks(text):
     """The shell blocks of a page, each with the marker on the line before it (if any)."""
     lines = text.split("\n")
     out, fence, info, body, start, marker = [], None, "", [], 0, None
@@ -138,7 +126,7 @@ def shell_blocks(text, page="page.md"):
                 marker = (mm.group("kind"), (mm.group("reason") or "").strip())
         elif fence is not None and m and m.group(1).startswith(fence[0]) and not m.group(2).strip():
             if info.split(" ")[0] in LANGUAGES:
-                out.append(Block(page, start, info, "\n".join(body), marker))
+                out.append(Block(start, info, "\n".join(body), marker))
             fence = None
         elif fence is not None:
             body.append(line)
@@ -317,11 +305,9 @@ def setup_world(root):
 
 
 def make_user_images(cwd):
-    import testkit
-
     for name in USER_IMAGES:
         # 350 images: the documented batches (2 x 64, 1 x 256) fit in the 80% kept for training
-        testkit.make_image_folder(Path(cwd) / name, classes=5, per_class=70, size=32)
+        make_image_folder(Path(cwd) / name, classes=5, per_class=70, size=32)
 
 
 def _map_paths(token, world):
@@ -334,11 +320,10 @@ def check_page(text, page, world=None, cwd=None, compose=True, run=True):
     """Errors (``page:line: ...``) of one page's shell blocks.  ``world``: the placeholder data
     root (:func:`setup_world`); ``cwd``: the page's working directory; ``compose`` / ``run``:
     compose the configs (in this process) / run the runnable commands (processes)."""
-    errors, state = [], PageState(env={"SITE": str(SITE), "HOME": os.environ.get("HOME", "/root")})
-    state.run_enabled = run
+    errors, state = [], PageState(env={"SITE": str(SITE), "HOME": os.environ.get("HOME", "/root")}, run_enabled=run)
     world = Path(world) if world else Path("/nonexistent-world")
     cwd = Path(cwd) if cwd else REPO
-    for block in shell_blocks(text, page):
+    for block in shell_blocks(text):
         if block.marker:
             kind, reason = block.marker
             if kind != "skip":
@@ -358,8 +343,7 @@ def check_page(text, page, world=None, cwd=None, compose=True, run=True):
                 continue
             for argv in cmds:
                 argv = [_map_paths(_expand(a, state.env), world) for a in argv]
-                cmd = Command(page, n, argv, line)
-                errors += [f"{page}:{n}: {e}" for e in _check_command(cmd, state, cwd)]
+                errors += [f"{page}:{n}: {e}" for e in _check_command(argv, f"{page}:{n}", state, cwd)]
     if compose and state.jobs:
         errors += compose_jobs(state.jobs, cwd, state.exported)
     return errors
@@ -374,8 +358,9 @@ def _assignments(argv, env):
     return argv[k:]
 
 
-def _check_command(cmd, state, cwd):
-    argv = _assignments(list(cmd.argv), state.env)
+def _check_command(argv, where, state, cwd):
+    """Errors of one command; ``where`` (``page:line``) names the config compositions it queues."""
+    argv = _assignments(list(argv), state.env)
     if not argv:
         return []
     prog, args = argv[0], argv[1:]
@@ -399,11 +384,11 @@ def _check_command(cmd, state, cwd):
         return [f"`{prog}` before `source .venv/bin/activate`: `make venv` installs it in .venv/bin only "
                 "(activate first, as the README's quick start does, or call .venv/bin/" + prog + ")"]
     if prog.startswith("swav-plugin-"):
-        return _check_ours(cmd, prog, args, state, cwd)
+        return _check_ours(where, prog, args, state, cwd)
     if prog in ("python", "python3", "python3.11"):
-        return _check_python(cmd, prog, args, state, cwd)
+        return _check_python(where, args, state, cwd)
     if prog == "torchrun":
-        return _check_torchrun(cmd, args, state, cwd)
+        return _check_torchrun(where, args, state, cwd)
     if prog == "make":
         targets = set(re.findall(r"^([\w.-]+)\s*:(?!=)", (REPO / "Makefile").read_text(), re.M))
         wanted = [a for a in args if not a.startswith("-") and "=" not in a]
@@ -422,30 +407,30 @@ def _help(args):
     return any(a in ("-h", "--help") for a in args)
 
 
-def _check_ours(cmd, prog, args, state, cwd):
+def _check_ours(where, prog, args, state, cwd):
     scripts = console_scripts()
     if prog not in scripts:
         return [f"`{prog}` is not a console script of setup.py"]
     if _help(args):
-        return _run(cmd, [str(VENV_BIN / prog), *args], cwd, state)
+        return _run([str(VENV_BIN / prog), *args], cwd, state)
     if prog == "swav-plugin-train":
         bad = [a for a in args if not is_override(a)]
         if bad:
             return [f"swav-plugin-train takes Hydra overrides only, not {bad}"]
-        return _queue_config(cmd, args, state, cwd, launch=True)
+        return _queue_config(where, args, state, cwd, launch=True)
     error, _ = parse_with_tool(scripts[prog], args)
     if error:
         return [f"{prog}: {error}"]
     errors = []
     overrides = config_overrides(args)
     if overrides:
-        errors += _queue_config(cmd, overrides, state, cwd, launch=False)
+        errors += _queue_config(where, overrides, state, cwd, launch=False)
     if prog in RUNNABLE:
-        errors += _maybe_run(cmd, prog, args, state, cwd)
+        errors += _maybe_run(prog, args, state, cwd)
     return errors
 
 
-def _maybe_run(cmd, prog, args, state, cwd):
+def _maybe_run(prog, args, state, cwd):
     flag = RUNNABLE[prog]
     if flag is None:
         source = next((a for a in args if not a.startswith("-")), None)
@@ -456,17 +441,15 @@ def _maybe_run(cmd, prog, args, state, cwd):
         if FASHION_MNIST.is_dir():  # the default source, a few images per class
             source, extra = str(FASHION_MNIST), SMALLER
         else:  # no Debian package here: 10 generated classes stand in for it, under its catalog name
-            import testkit
-
-            source = str(testkit.make_image_folder(Path(cwd) / "fashion_mnist_standin", classes=10,
+            source = str(make_image_folder(Path(cwd) / "fashion_mnist_standin", classes=10,
                                                    per_class=40, size=28))
             extra = ["--source", source, "--name", "fashion_mnist"]
     if source is None or not (Path(cwd) / source).exists():
         return []  # its input is the user's (not generated here): flags parsed, not run
-    return _run(cmd, [str(VENV_BIN / prog), *args, *extra], cwd, state)
+    return _run([str(VENV_BIN / prog), *args, *extra], cwd, state)
 
 
-def _run(cmd, argv, cwd, state, timeout=300):
+def _run(argv, cwd, state, timeout=300):
     """Run a console script or script (a real process, as the user's shell runs it)."""
     if not state.run_enabled:
         return []
@@ -488,7 +471,7 @@ def _script_path(script, cwd):
     return p if p.is_absolute() and p.is_file() else None
 
 
-def _check_python(cmd, prog, args, state, cwd):
+def _check_python(where, args, state, cwd):
     if not args:
         return []
     if args[0] == "-m":
@@ -502,10 +485,10 @@ def _check_python(cmd, prog, args, state, cwd):
         if spec is None:
             return [f"no module {mod}"]
         if mod == "torch.distributed.run":
-            return _check_torchrun(cmd, args[2:], state, cwd)
+            return _check_torchrun(where, args[2:], state, cwd)
         for name, entry in console_scripts().items():
             if entry[0] == mod:
-                return _check_ours(cmd, name, args[2:], state, cwd)
+                return _check_ours(where, name, args[2:], state, cwd)
         return []
     if args[0] == "-c":
         return []
@@ -516,27 +499,27 @@ def _check_python(cmd, prog, args, state, cwd):
     rest = args[1:]
     if path.name == "run_distributed_engines.py":
         if _help(rest):
-            return _run(cmd, [sys.executable, str(path), *rest], cwd, state)
+            return _run([sys.executable, str(path), *rest], cwd, state)
         bad = [a for a in rest if not is_override(a)]
         if bad:
             return [f"{script} takes Hydra overrides only, not {bad}"]
-        return _queue_config(cmd, rest, state, cwd, launch=True)
+        return _queue_config(where, rest, state, cwd, launch=True)
     src = path.read_text()
     m = re.search(r"^from (vissl_swav_plugin[\w.]*) import (\w+)", src, re.M)
     if path.is_relative_to(REPO) and m and re.search(rf"\b{m.group(2)}\(", src):
         entry = (m.group(1), m.group(2))
         if _help(rest):
-            return _run(cmd, [sys.executable, str(path), *rest], cwd, state)
+            return _run([sys.executable, str(path), *rest], cwd, state)
         error, _ = parse_with_tool(entry, rest)
         if error:
             return [f"{script}: {error}"]
     overrides = config_overrides(rest)
     if overrides and str(path).startswith(str(SITE)):
-        return _queue_config(cmd, overrides, state, cwd, launch=False)
+        return _queue_config(where, overrides, state, cwd, launch=False)
     return []
 
 
-def _check_torchrun(cmd, args, state, cwd):
+def _check_torchrun(where, args, state, cwd):
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
@@ -558,10 +541,10 @@ def _check_torchrun(cmd, args, state, cwd):
         return []
     nnodes = int(str(ns.nnodes).split(":")[-1])
     nproc = int(ns.nproc_per_node) if str(ns.nproc_per_node).isdigit() else None
-    return _queue_config(cmd, ns.training_script_args, state, cwd, launch=True, world=(nnodes * nproc) if nproc else None)
+    return _queue_config(where, ns.training_script_args, state, cwd, launch=True, world=(nnodes * nproc) if nproc else None)
 
 
-def _queue_config(cmd, overrides, state, cwd, launch, world=None):
+def _queue_config(where, overrides, state, cwd, launch, world=None):
     names = [a.split("=", 1)[1] for a in overrides if a.startswith("config=")]
     if not names:
         return ["a config command without `config=NAME`"]
@@ -570,24 +553,23 @@ def _queue_config(cmd, overrides, state, cwd, launch, world=None):
     # a config group option without its file (+config/dataset_stats=NAME before the command that
     # writes it) fails when the job is composed: the plugin's UnknownConfigError, named with the line
     if not errors:
-        state.jobs.append({"where": f"{cmd.page}:{cmd.line}", "overrides": list(overrides), "launch": launch,
+        state.jobs.append({"where": where, "overrides": list(overrides), "launch": launch,
                            "world": world})
     return errors
 
 
 def compose_jobs(jobs, cwd, exported=None):
     """Compose every job's config in this process, in ``cwd`` (the page's working directory: its
-    ./configs come first) with the page's exported variables (``testkit.catalog_env``: VISSL reads
+    ./configs come first) with the page's exported variables (:func:`testkit.catalog_env`: VISSL reads
     an exported VISSL_DATASET_CATALOG_PATH at import, so its catalog is registered here), and run
     the launch checks where asked; returns errors."""
     from vissl.utils.hydra_config import compose_hydra_configuration, convert_to_attrdict
 
-    import testkit
     from vissl_swav_plugin.config.registries import run_launch_checks
 
     errors = []
     try:
-        with contextlib.chdir(cwd), testkit.catalog_env(exported or {}):
+        with contextlib.chdir(cwd), catalog_env(exported or {}):
             for job in jobs:
                 overrides = [o for o in job["overrides"] if not o.startswith("node_id=")]
                 try:

@@ -17,9 +17,6 @@ A plain module (``tests/`` is not a package: VISSL owns the name); import it as
 import numpy as np
 import torch
 
-__all__ = ["paper_sinkhorn", "reference_swav_loss", "reference_knn"]
-
-
 def paper_sinkhorn(scores, eps=0.05, niters=3):
     """The SwAV paper's Sinkhorn-Knopp pseudo-code (Algorithm 1 / App. A.1), verbatim
     semantics: ``Q = exp(scores / eps)^T`` scaled to sum 1, then ``niters`` rounds of

@@ -60,22 +60,22 @@ def launcher_env(env=None):
     return full_env
 
 
-def start_launcher(overrides, cwd, log, launcher=STOCK_LAUNCHER, env=None):
-    """Start a launcher in a session of its own (its pid is the process group's), its output
+def start_launcher(overrides, cwd, log, env=None):
+    """Start VISSL's launcher in a session of its own (its pid is the process group's), its output
     to the open file ``log``; returns the Popen."""
-    return subprocess.Popen([sys.executable, str(launcher), *overrides], cwd=str(cwd), env=launcher_env(env),
+    return subprocess.Popen([sys.executable, str(STOCK_LAUNCHER), *overrides], cwd=str(cwd), env=launcher_env(env),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER, env=None, timeout=HANG_S):
-    """Start a launcher, and kill its whole process group (a crash, as far as the run can
+def run_launcher_until(overrides, cwd, marker, log_path, env=None):
+    """Start VISSL's launcher, and kill its whole process group (a crash, as far as the run can
     tell) as soon as ``marker`` appears in its output.  Returns the output so far."""
     import signal
     import time
 
     with open(log_path, "w") as log:
-        proc = start_launcher(overrides, cwd, log, launcher=launcher, env=env)
-        deadline = time.time() + timeout
+        proc = start_launcher(overrides, cwd, log, env=env)
+        deadline = time.time() + HANG_S
         try:
             while time.time() < deadline:
                 text = Path(log_path).read_text()
@@ -85,7 +85,7 @@ def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER
                     raise AssertionError(f"run ended before '{marker}':\n{text[-4000:]}")
                 time.sleep(0.1)
             else:
-                raise AssertionError(f"'{marker}' not seen within {timeout}s")
+                raise AssertionError(f"'{marker}' not seen within {HANG_S}s")
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -93,7 +93,7 @@ def run_launcher_until(overrides, cwd, marker, log_path, launcher=STOCK_LAUNCHER
     return Path(log_path).read_text()
 
 
-def train_in_process(overrides, cwd, engine_name="train"):
+def train_in_process(overrides, cwd):
     """A VISSL run in this process, as VISSL's own tests run one
     (``vissl.utils.test_utils.run_integration_test``): the config composed from the launcher's
     overrides as ``swav-plugin-train`` composes it, world size 1 (``NUM_PROC_PER_NODE=1``,
@@ -111,7 +111,7 @@ def train_in_process(overrides, cwd, engine_name="train"):
     with vissl_run_state(cwd):
         _, config = convert_to_attrdict(compose_hydra_configuration(overrides))
         try:
-            launch_distributed(config, node_id=0, engine_name=engine_name,
+            launch_distributed(config, node_id=0, engine_name="train",
                                hook_generator=lambda cfg: hooks.extend(default_hook_generator(cfg)) or hooks)
         finally:
             # VISSL's loss hook keeps stdout.json open, buffered, until the process exits

@@ -13,9 +13,13 @@ The in-process tests are in ``tests/unit/losses/test_deepcluster_sela_e2e.py``.
 import os
 import re
 import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from PIL import Image
 
 from testkit import HANG_S, compose, run_launcher, train_in_process
 from vissl_swav_plugin.utils.clustering import sela_assign, spherical_kmeans
@@ -176,6 +180,43 @@ KNN_METHODS = {
 }
 
 
+# kNN evaluation of a trunk (random init or from a checkpoint) on an image folder: the trunk's
+# flattened, L2-normalised features of the un-augmented images (ToTensor + the multi-crop
+# transform's ImageNet normalisation); the plugin's shared kNN
+# (vissl_swav_plugin.utils.knn.weighted_knn_accuracy: 20 nearest training images by cosine, votes
+# exp(sim / 0.07), Wu et al. 2018 as VISSL's kNN benchmark); top-1.
+def load_folder(root):
+    """Images (N x 3 x H x W float, normalised) and labels of an ImageFolder tree."""
+    xs, ys = [], []
+    for label, d in enumerate(sorted(p for p in Path(root).iterdir() if p.is_dir())):
+        for f in sorted(d.iterdir()):
+            xs.append(torch.from_numpy(np.asarray(Image.open(f).convert("RGB"), dtype=np.float32) / 255.0).permute(2, 0, 1))
+            ys.append(label)
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    return (torch.stack(xs) - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1), torch.tensor(ys)
+
+
+@torch.no_grad()
+def knn_accuracy(config, train_dir, val_dir, checkpoint=None, seed=None):
+    """Top-1 (a fraction) of VISSL's trunk for ``config`` (torch seed ``seed``, default
+    SEED_VALUE), its weights from ``checkpoint`` if given."""
+    from vissl.models import build_model
+    from vissl_swav_plugin.utils.knn import weighted_knn_accuracy
+
+    torch.manual_seed(config.SEED_VALUE if seed is None else seed)
+    trunk = build_model(config.MODEL, config.OPTIMIZER).trunk
+    if checkpoint is not None:
+        trunk.load_state_dict(load(checkpoint)["classy_state_dict"]["base_model"]["model"]["trunk"], strict=True)
+    trunk.eval()
+
+    def features(x):
+        out = [trunk(x[i:i + 256]) for i in range(0, x.shape[0], 256)]
+        return F.normalize(torch.cat([f[0] if isinstance(f, (list, tuple)) else f for f in out]).flatten(1), dim=1)
+
+    (xtr, ytr), (xte, yte) = load_folder(train_dir), load_folder(val_dir)
+    return weighted_knn_accuracy(features(xtr), ytr, features(xte), yte, k=20) / 100.0
+
+
 @pytest.mark.parametrize("method", [
     pytest.param(m, marks=pytest.mark.skipif(
         m in KNN_OPT_IN and not SLOW,
@@ -187,7 +228,6 @@ def test_knn_beats_random_init_on_fashion_mnist(method, tmp_path):
     """1000 Fashion-MNIST training images (100 per class, 32 px), 12 epochs, 2 processes;
     20-NN top-1 on 1000 test images of the trunk's features vs the same trunk at random
     init (mean of 3 initialisations); margins measured over two seeds (see KNN_MIN_GAIN)."""
-    from clustering_helpers import knn_accuracy
     from testkit import REPO, run_script
 
     data = tmp_path / "fm"

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import vissl  # noqa: F401  (registers the plugin)
-from multicrop_helpers import FASHION_DIR, REPO, make_fake_fashion, write_idx
-from testkit import compose, vissl_run_state
+from multicrop_helpers import FASHION_DIR, make_fake_fashion, write_idx
+from testkit import REPO, compose, vissl_run_state
 from data_tool_cases import tool  # noqa: F401
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import vissl  # noqa: F401  (registers the plugin)
-from testkit import catalog_env, folder_data_overrides, make_image_folder, train_in_process
+from testkit import catalog_env, folder_data_overrides, load_script, make_image_folder, train_in_process
 
 
 # -- VISSL's built-in multi-crop SimCLR loss, trained with our transform ------------------
@@ -50,15 +50,15 @@ def test_vissl_multicrop_simclr_trains_with_our_transform(tmp_path, workers):
     transform + small trunk, one process.  The run with a DataLoader worker (a process that must
     find the transform registered) reads data prepared by tools/prepare_fashion_mnist.py, found
     through its dataset catalog."""
-    from multicrop_helpers import load_data_tool, make_fake_fashion
+    from multicrop_helpers import make_fake_fashion
 
     catalog = contextlib.nullcontext()
     if workers == 0:
         data = folder_data_overrides(make_image_folder(tmp_path / "imgs", classes=2, per_class=8, size=32))
     else:
         make_fake_fashion(tmp_path / "idx", n_train=16, n_val=10)
-        summary = load_data_tool().prepare(tmp_path / "fm", source=tmp_path / "idx", splits=["train"],
-                                           verbose=False)
+        summary = load_script("tools/prepare_fashion_mnist.py").prepare(tmp_path / "fm", source=tmp_path / "idx",
+                                                                        splits=["train"], verbose=False)
         catalog = catalog_env({"VISSL_DATASET_CATALOG_PATH": summary["catalog"]})
         data = ["config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
                 "config.DATA.TRAIN.DATASET_NAMES=[fashion_mnist_folder]"]

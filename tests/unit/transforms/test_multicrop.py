@@ -13,12 +13,39 @@ import torch
 from PIL import Image
 
 import vissl  # noqa: F401  (registers the plugin)
-from multicrop_helpers import ramp_image, recover_box
 from classy_vision.dataset.transforms import build_transform
 from testkit import make_image_folder
 from vissl_swav_plugin.transforms import multicrop as mc
 
 PLAIN = dict(flip_p=0.0, color_strength=0.0, grayscale_p=0.0, blur_p=0.0, mean=[0, 0, 0], std=[1, 1, 1])
+
+
+def ramp_image(width, height):
+    """RGB image whose R value is the x coordinate and G the y coordinate (B = 128), so a
+    crop's source box can be read back from its pixels (bilinear resampling reproduces a
+    linear ramp exactly away from the image border)."""
+    assert width <= 256 and height <= 256
+    x = np.broadcast_to(np.arange(width, dtype=np.uint8)[None, :], (height, width))
+    y = np.broadcast_to(np.arange(height, dtype=np.uint8)[:, None], (height, width))
+    b = np.full((height, width), 128, np.uint8)
+    return Image.fromarray(np.stack([x, y, b], axis=-1))
+
+
+def recover_box(crop):
+    """(left, top, width, height) of the source box of a crop of ``ramp_image``.
+
+    ``crop``: (3, s, s) array of 0..255 values.  Output pixel i samples the source at
+    ``left + (i + 0.5) * w / s - 0.5``: fit that line to the R (x) / G (y) values of the
+    interior pixels (the two outermost ones may be clamped at the image border)."""
+    crop = np.asarray(crop, dtype=np.float64)
+    s = crop.shape[-1]
+    idx = np.arange(2, s - 2)
+    xs = crop[0][:, idx].mean(axis=0)  # R varies along columns
+    ys = crop[1][idx, :].mean(axis=1)  # G varies along rows
+    sx, ix = np.polyfit(idx + 0.5, xs, 1)
+    sy, iy = np.polyfit(idx + 0.5, ys, 1)
+    w, h = sx * s, sy * s
+    return ix + 0.5, iy + 0.5, w, h
 
 
 def build(**cfg):
