@@ -30,9 +30,10 @@ measured by ``tests/unit/transforms/test_device_augment.py``):
 * hue: PIL's 8-bit HSV round trip (hue and saturation truncated to 8 bits, the hue shifted
   modulo 256, PIL's rounding back to RGB) in float32 integer arithmetic, every value an
   integer below 2^24 (:func:`_hue_`): PIL's saturation and its way back to RGB are exact
-  rational roundings (checked on all 2^24 inputs), its 8-bit hue is ``floor(255 hue)`` except
-  where ``255 hue`` is an integer and Pillow's float steps land one level lower (64 of the 255
-  hues, measured once with the installed Pillow); equal to PIL's on all 2^24 colours.
+  rational roundings (checked on all 2^24 inputs), its 8-bit hue, a function of ``r - g`` and
+  ``g - b``, is looked up in a table of those differences: ``floor(255 hue)`` except where
+  ``255 hue`` is an integer and Pillow's float steps land one level lower (64 of the 255 hues,
+  measured once with the installed Pillow); equal to PIL's on all 2^24 colours.
 * grayscale: ITU-R 601-2 luma, rounded: at most 1 level (PIL uses 16-bit fixed-point weights).
 * blur: the workers' rule (:func:`~vissl_swav_plugin.transforms.multicrop_ops.gaussian_blur`):
   no blur for radius 0 or sigma <= 0.25; the truncated renormalised kernel for radius <= 2
@@ -129,6 +130,12 @@ def _col(values, x: torch.Tensor) -> torch.Tensor:
     """Per-crop numbers as a float32 ``[n, 1, 1, 1]`` column on ``x``'s device (built on the host)."""
     vals = _host(values) if torch.is_tensor(values) else values
     col = torch.frombuffer(array.array("f", vals), dtype=torch.float32).view(-1, 1, 1, 1)
+    return col.to(x.device, non_blocking=True) if x.device.type != "cpu" else col
+
+
+def _shift_col(shifts: Sequence[int], x: torch.Tensor) -> torch.Tensor:
+    """Per-crop integers as an int32 ``[n, 1, 1]`` column on ``x``'s device (built on the host)."""
+    col = torch.frombuffer(array.array("i", shifts), dtype=torch.int32).view(-1, 1, 1)
     return col.to(x.device, non_blocking=True) if x.device.type != "cpu" else col
 
 
@@ -352,7 +359,7 @@ def adjust_saturation(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
 
 
 # -- hue: PIL's 8-bit HSV round trip in float32 integer arithmetic ------------------------------
-_HUE_TABLES = {}  # device -> [3, 256 * 1024] float32
+_HUE_TABLES = {}  # device -> (hue [511 * 511] int32, packed weights [511] float32)
 _HUE_TIES: List[Optional[List[int]]] = [None]
 
 
@@ -385,32 +392,42 @@ def _pil_hue_ties() -> List[int]:
     return _HUE_TIES[0]
 
 
-def _hue_table(device) -> torch.Tensor:
-    """``[3, 256 * 1024]`` float32: at ``1024 shift + u`` the weight ``w`` of each output channel
-    (``round(v (1 - S w / 65025))``, see :func:`_hue_`) for the 8-bit hue coded by
-    ``u = 512 + floor(q) + ceil(q)``, ``q = 255 hue`` in [-43, 213) (negative: the red sector's
-    wrap; ``u`` is even where ``q`` is an integer, PIL's tie, :func:`_pil_hue_ties`), shifted by
-    ``shift``.  Built once per device from integers."""
+def _hue_tables(device):
+    """``(hue, weights)`` on ``device``, built once per device from integers
+    (:func:`_make_hue_tables`): ``hue`` ``[511 * 511]`` int32, PIL's 8-bit hue of the colours
+    with ``r - g = i - 255`` and ``g - b = j - 255`` at ``511 i + j`` (a hue is a function of
+    those two differences; ties as Pillow's, :func:`_pil_hue_ties`); ``weights`` ``[511]``
+    float32, at ``k`` the weights ``w0 + 256 w1 + 65536 w2`` of the three output channels
+    (``round(v (1 - S w / 65025))``, see :func:`_hue_`) for the hue ``k mod 256`` (an 8-bit hue
+    plus a shift 0..255): two gathers per pixel."""
     t = _HUE_TABLES.get(device)
     if t is None:
         with torch.inference_mode(False):
-            t = _HUE_TABLES[device] = _make_hue_table().to(device=device, dtype=torch.float32)
+            hue, w = _make_hue_tables()
+            t = _HUE_TABLES[device] = (hue.to(device=device, dtype=torch.int32),
+                                       w.to(device=device, dtype=torch.float32))
     return t
 
 
-def _make_hue_table() -> torch.Tensor:
-    """The table of :func:`_hue_table`, in integers on the host."""
+def _make_hue_tables():
+    """The tables of :func:`_hue_tables`, in integers on the host."""
     bad = torch.tensor(_pil_hue_ties(), dtype=torch.long)
-    u = torch.arange(1024) - 512
-    kf = torch.div(u, 2, rounding_mode="floor")  # floor(q); u odd: q not an integer
-    h0 = torch.where(kf >= 0, kf, kf + 255).clamp(0, 255)
-    h = torch.where(u % 2 == 0, h0 - bad[h0], h0)
-    hue = (h[None, :] + torch.arange(256)[:, None]) & 255  # [shift, u]
+    d = torch.arange(-255, 256)
+    r, g = d[:, None] + d[None, :], d[None, :].expand(511, 511)  # b = 0: only differences count
+    b = torch.zeros_like(r)
+    mx = torch.maximum(torch.maximum(r, g), b)
+    cr = mx - torch.minimum(torch.minimum(r, g), b)
+    # PIL's rgb2hsv: the hue's numerator over 6 cr, red tested first, then green
+    num = torch.where(r == mx, g - b, torch.where(g == mx, 2 * cr + b - r, 4 * cr + r - g))
+    den = 6 * cr.clamp(min=1)
+    q = torch.div(255 * num, den, rounding_mode="floor")  # floor(255 hue), in [-43, 213)
+    h0 = torch.where(q >= 0, q, q + 255).clamp(0, 255)
+    hue = torch.where((255 * num) % den == 0, h0 - bad[h0], h0)  # a tie: Pillow's float steps
     # PIL's hsv2rgb: channel c is v, p, q or t; with K = (6 H + 255 n_c) mod 1530 (n = 5, 3, 1)
     # its weight is min(K, 1020 - K) clipped to [0, 255] (255: p, n: q, 255 - n: t, 0: v)
-    k = (6 * hue[None] + 255 * torch.tensor([5, 3, 1])[:, None, None]) % 1530
+    k = (6 * (torch.arange(511) & 255)[None] + 255 * torch.tensor([5, 3, 1])[:, None]) % 1530
     w = torch.minimum(k, 1020 - k).clamp(0, 255)
-    return w.reshape(3, -1)
+    return hue.reshape(-1), w[0] + 256 * w[1] + 65536 * w[2]
 
 
 def _hue_(z: torch.Tensor, shifts: Sequence[int], rounded: bool = False) -> None:
@@ -418,50 +435,41 @@ def _hue_(z: torch.Tensor, shifts: Sequence[int], rounded: bool = False) -> None
     crop; ``rounded``: ``z`` holds whole levels already).
 
     Every value is an integer below 2^24, so each float32 step is exact (a division is
-    correctly rounded, and a quotient that is not an integer lies at least 1/510 (hue) or
-    1/65025 (output) from one):
+    correctly rounded, and a quotient that is not an integer lies at least 1/65025 from one):
 
+    * the 8-bit hue from the table of the differences ``r - g``, ``g - b`` (:func:`_hue_tables`),
+      plus the crop's shift: the index of each channel's weight ``w``;
     * ``v = max``, ``cr = max - min``, ``S = floor(255 cr / v)`` (PIL's, checked on all 2^24
-      colours); the hue numerator over ``6 cr``: ``g - b`` (red max, may be negative),
-      ``2 cr + b - r`` (green), ``4 cr + r - g`` (blue), selected by exact 0/1 lerps;
-      ``q = 255 num / (6 cr)`` and ``floor(q) + ceil(q)`` (odd unless ``q`` is an integer);
-    * the table (:func:`_hue_table`) maps (shift, that code) to each channel's weight ``w``;
+      colours);
     * ``out = floor((65025 v + 32512 - v S w) / 65025)`` = ``round(v (1 - S w / 65025))``, PIL's
-      ``hsv2rgb`` (checked on all 2^24 HSV triples).
+      ``hsv2rgb`` (checked on all 2^24 HSV triples); the division is a product with the float32
+      ``1 / 65025``, whose floor equals the quotient's for every integer below 2^24.
     """
     m, _, hgt, wid = z.shape
-    tab = _hue_table(z.device)
+    hue_tab, w_tab = _hue_tables(z.device)
     if not rounded:
         _round_clip_(z)  # the workers' crop is uint8 before the round trip
     r, g, b = z.unbind(1)
+    idx = g - b  # + 511 (r - g) + 511 * 255 + 255: integers, exact
+    idx.add_(r, alpha=511.0).add_(g, alpha=-511.0).add_(_k(511.0 * 255 + 255, z))
+    hue = torch.index_select(hue_tab, 0, idx.view(-1).int())
+    hue = hue.view(m, hgt, wid).add_(_shift_col(shifts, z)).view(-1)
+    packed = torch.index_select(w_tab, 0, hue).view(m, hgt, wid)  # w0 + 256 w1 + 65536 w2: one gather
+    w = torch.empty((3, m, hgt, wid), dtype=z.dtype, device=z.device)  # unpacked, exactly (powers of 2)
+    q = packed.mul(_k(1.0 / 256.0, z)).floor_()
+    torch.addcmul(packed, q, _k(-256.0, z), out=w[0])
+    torch.mul(q, _k(1.0 / 256.0, z), out=w[2]).floor_()
+    torch.addcmul(q, w[2], _k(-256.0, z), out=w[1])
     mx = torch.maximum(r, g)
     torch.maximum(mx, b, out=mx)
     cr = torch.minimum(r, g)
     torch.minimum(cr, b, out=cr)
     torch.sub(mx, cr, out=cr)
-    num = g - b  # red max
-    gm = b - r
-    gm.add_(cr, alpha=2.0)  # green max
-    bm = r - g
-    bm.add_(cr, alpha=4.0)  # blue max
-    d = mx - g
-    gm.lerp_(bm, d.clamp_(max=1.0))  # d = 0 where green is the max
-    torch.sub(mx, r, out=d)
-    num.lerp_(gm, d.clamp_(max=1.0))  # red first, as PIL tests it first
-    torch.clamp(cr, min=1.0, out=bm)
-    num.mul_(_k(42.5, z)).div_(bm)  # q = 255 num / (6 cr)
-    code = torch.floor(num)
-    code.add_(num.ceil_()).add_(_col([512.0 + 1024.0 * s for s in shifts], z).view(-1, 1, 1))
-    ii = code.view(-1).int()
-    w = torch.empty((3, m, hgt, wid), dtype=z.dtype, device=z.device)
-    for c in range(3):  # three 1-D gathers (faster on the CPU than one over a [3, T] table)
-        torch.index_select(tab[c], 0, ii, out=w[c].view(-1))
-    sat = cr.mul_(_k(255.0, z)).div_(torch.clamp(mx, min=1.0, out=bm)).floor_()
-    a = mx * _k(65025.0, z)
-    a.add_(_k(32512.0, z))
+    sat = cr.mul_(_k(255.0, z)).div_(torch.clamp(mx, min=1.0, out=idx)).floor_()  # idx: free again
+    a = torch.add(_k(32512.0, z), mx, alpha=65025.0)
     vs = mx.mul_(sat)
     torch.addcmul(a, vs, w, value=-1.0, out=z.transpose(0, 1))
-    z.div_(_k(65025.0, z)).floor_()
+    z.mul_(_k(1.0 / 65025.0, z)).floor_()  # floor(N / 65025), exact for every integer N < 2^24
 
 
 def adjust_hue(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
