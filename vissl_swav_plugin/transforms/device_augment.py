@@ -42,7 +42,10 @@ measured by ``tests/unit/transforms/test_device_augment.py``):
   else PIL's Gaussian blur, three passes of an extended box blur per axis, each rounded to 8
   bits: its fixed-point weights (from a box radius and a division PIL computes in C float,
   as here) and each pass's ``(acc + 2^23) >> 24`` reproduced exactly in float32 by splitting
-  the weights so that every partial sum is an integer below 2^24 (:func:`_box_blur_`): equal.
+  the weights so that every partial sum is an integer below 2^24 (:func:`_box_blur_`), or,
+  for a box of radius 0 (sigma below about 1.4), by a shorter pass whose float32 rounding the
+  host checks against the integers on every input that pass can see (:func:`_rounds_exactly`;
+  99.5% of such boxes, the others take the split weights): equal.
 * the output is rounded to whole levels before the normalisation, as the workers' uint8 crops are.
 
 Dtypes: every op on the crops' device is float32 (float64 runs at 1/32-1/64 of that rate on
@@ -65,6 +68,7 @@ import math
 import struct
 from typing import Callable, List, Optional, Sequence
 
+import numpy as np
 import torch
 
 from vissl_swav_plugin.transforms.multicrop_config import DEVICE_AUGMENT_MODES
@@ -571,7 +575,27 @@ def _box_weights(radius_f: float):
     return r, ww, fw
 
 
-def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int) -> None:
+def _rounds_exactly(boxes: Sequence) -> List[bool]:
+    """For boxes of integer radius 0 (``(0, ww, fw)``): whether PIL's pass equals ``S +
+    round(fw / 2^24 D)`` with ``D = E - 2 S``, the product in float32 and rounded half to even,
+    for every ``D`` in [-510, 510] and ``S`` in [0, 255], checked exhaustively on the host.
+
+    With ``ww + 2 fw + e = 2^24`` (``e`` = 0 or 1, the parity of ``ww``) the pass is
+    ``floor((ww S + fw E + 2^23) / 2^24) = S + floor((fw D - e S + 2^23) / 2^24)``; the float32
+    steps are those of the device (the product correctly rounded, then rounded to an integer;
+    numpy's float32 on the host rounds alike), so where they agree with the integers for every
+    ``D``, and ``e S`` changes no floor, the device's pass is PIL's bit for bit (99.5% of the
+    sigmas of a radius-0 box)."""
+    d = np.arange(-510, 511)
+    fw = np.array([f for _, _, f in boxes], dtype=np.int64)[:, None]
+    odd = np.array([w & 1 for _, w, _ in boxes], dtype=bool)[:, None]
+    n = fw * d + (1 << 23)
+    fast = np.rint((fw.astype(np.float32) * np.float32(2.0 ** -24)) * d.astype(np.float32))  # as the device
+    ok = (fast.astype(np.int64) == n >> 24) & (~odd | ((n & ((1 << 24) - 1)) >= 255))
+    return ok.all(axis=1).tolist()
+
+
+def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int, rounded: bool = False) -> None:
     """PIL's ``GaussianBlur`` of the crops ``idx`` of ``y`` (whole levels) in place, all of
     integer box radius ``r`` (``boxes``: their ``(r, ww, fw)``): three horizontal, then three
     vertical passes of PIL's extended box blur, edges replicated, each ``floor((ww S + fw E +
@@ -586,7 +610,10 @@ def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int) -> 
     The crops are copied once into a buffer padded by ``r + 1`` on all sides, seen as one flat
     row per crop, so that every tap of either axis is a contiguous slice (a pass also computes
     garbage at the pad positions, which the edge copies overwrite before a pass reads them),
-    and each pass writes its result into the buffer in place."""
+    and each pass writes its result into the buffer in place.
+
+    ``rounded`` (radius 0, every box passing :func:`_rounds_exactly`): each pass is ``S +
+    round(fw / 2^24 (E - 2 S))`` instead, five ops instead of nine."""
     m, ch, hgt, wid = len(idx), y.shape[1], y.shape[2], y.shape[3]
     p = r + 1
     k = 23 - (255 * (2 * r + 3) - 1).bit_length()  # lo = wl S + fl E < 2^23
@@ -597,6 +624,7 @@ def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int) -> 
     def col(v):
         return _col(v, y).view(-1, 1)
 
+    beta = col([fw * 2.0 ** -24 for _, _, fw in boxes])
     wh = col([(ww >> k) * 2.0 ** (k - 24) for _, ww, _ in boxes])
     fh = col([(fw >> k) * 2.0 ** (k - 24) for _, _, fw in boxes])
     wl = col([(ww & mask) * 2.0 ** -k for _, ww, _ in boxes])
@@ -619,6 +647,10 @@ def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int) -> 
             lead.copy_(first)  # edges replicated (PIL's extended edges)
             tail.copy_(last)
             torch.add(tap[0], tap[2 * p], out=e)
+            if rounded:  # S + round(beta (E - 2 S)): the interior (and garbage at the pads)
+                e.add_(tap[1], alpha=-2.0).mul_(beta).round_()
+                tap[1].add_(e)
+                continue
             s = tap[1]
             if r:
                 s = torch.add(tap[1], tap[2], out=i_)
@@ -663,7 +695,8 @@ def _truncated_(z: torch.Tensor, sigmas: Sequence[float], r: int) -> None:
 
 def _blur_groups(crops: Sequence[int], sigmas: Sequence[float], radii: Sequence[int]):
     """The workers' blur rule (module docstring) for each crop: ``{("kernel", r): [(crop,
-    sigma)], ("box", r): [(crop, (r, ww, fw))]}`` (no entry: no blur)."""
+    sigma)], ("box", r): [(crop, (r, ww, fw))], ("rounded", 0): [(crop, (0, ww, fw))]}`` (no
+    entry: no blur; ``rounded``: the boxes of radius 0 that :func:`_rounds_exactly` passes)."""
     groups = {}
     for k, s, r in zip(crops, sigmas, radii):
         if r <= 0 or s <= 0.25:
@@ -673,6 +706,9 @@ def _blur_groups(crops: Sequence[int], sigmas: Sequence[float], radii: Sequence[
         else:
             box = _box_weights(_pil_box_radius(s))
             groups.setdefault(("box", box[0]), []).append((k, box))
+    zero = groups.pop(("box", 0), [])
+    for item, ok in zip(zero, _rounds_exactly([b for _, b in zero]) if zero else []):
+        groups.setdefault(("rounded" if ok else "box", 0), []).append(item)
     return groups
 
 
@@ -687,7 +723,7 @@ def _blur_(y: torch.Tensor, crops: Sequence[int], sigmas: Sequence[float], radii
             if rule == "kernel":
                 _run_on(y, [k for k, _ in part], _truncated_, [v for _, v in part], r)
             else:
-                _box_blur_(y, [k for k, _ in part], [v for _, v in part], r)
+                _box_blur_(y, [k for k, _ in part], [v for _, v in part], r, rule == "rounded")
 
 
 def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
