@@ -55,7 +55,8 @@ host once, as Python numbers; the small tables (per-crop weights, the hue table)
 the host from them and go to the device as float32.  The ops are elementwise (no convolution
 or matmul, which TF32 could round).  On a CPU the colour ops run on groups of crops that share
 the step of their hue and the blur on batches of crops, each of about ``_CPU_CHUNK`` values,
-so that the temporaries stay in the caches.
+so that the temporaries stay in the caches, and each crop is normalised in its last group,
+before it is written out.
 
 Parameter layout per crop (float64, one row per crop): ``jitter`` (0/1), the factors
 ``b, c, s, h``, the op order (4 entries, a permutation of 0..3: brightness, contrast,
@@ -158,9 +159,9 @@ def _index(idx: Sequence[int], device) -> torch.Tensor:
 
 
 def _per_crop(y: torch.Tensor) -> bool:
-    """Gathers and scatters of large crops on the CPU go one copy per crop (``index_copy_`` is
-    about half as fast there); small crops, or another device, one indexed op."""
-    return y.device.type == "cpu" and y[0].numel() >= 1 << 16
+    """Gathers of large crops on the CPU go one copy per crop (``index_select`` is slower there);
+    small crops, or another device, one indexed op."""
+    return y.device.type == "cpu" and y.numel() >= y.shape[0] << 16
 
 
 def _gather(dst: Optional[torch.Tensor], y: torch.Tensor, idx: Sequence[int]) -> torch.Tensor:
@@ -177,9 +178,9 @@ def _gather(dst: Optional[torch.Tensor], y: torch.Tensor, idx: Sequence[int]) ->
 
 
 def _scatter(y: torch.Tensor, idx: Sequence[int], src: torch.Tensor) -> None:
-    """``y[idx] = src``: one copy per large crop on the CPU (:func:`_per_crop`), else an index
-    scatter."""
-    if _per_crop(y):
+    """``y[idx] = src``: one copy per crop on the CPU (``index_copy_`` is slower there, for
+    crops of 96 px as of 224 px), else an index scatter."""
+    if y.device.type == "cpu":
         for j, k in enumerate(idx):
             y[k].copy_(src[j])
     else:
@@ -595,7 +596,8 @@ def _rounds_exactly(boxes: Sequence) -> List[bool]:
     return ok.all(axis=1).tolist()
 
 
-def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int, rounded: bool = False) -> None:
+def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int, rounded: bool = False,
+               finish: Optional[Callable] = None) -> None:
     """PIL's ``GaussianBlur`` of the crops ``idx`` of ``y`` (whole levels) in place, all of
     integer box radius ``r`` (``boxes``: their ``(r, ww, fw)``): three horizontal, then three
     vertical passes of PIL's extended box blur, edges replicated, each ``floor((ww S + fw E +
@@ -613,7 +615,8 @@ def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int, rou
     and each pass writes its result into the buffer in place.
 
     ``rounded`` (radius 0, every box passing :func:`_rounds_exactly`): each pass is ``S +
-    round(fw / 2^24 (E - 2 S))`` instead, five ops instead of nine."""
+    round(fw / 2^24 (E - 2 S))`` instead, five ops instead of nine.  ``finish`` (in place) is
+    applied to the blurred crops in the buffer, before they are copied back."""
     m, ch, hgt, wid = len(idx), y.shape[1], y.shape[2], y.shape[3]
     p = r + 1
     k = 23 - (255 * (2 * r + 3) - 1).bit_length()  # lo = wl S + fl E < 2^23
@@ -660,6 +663,8 @@ def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int, rou
             l_.addcmul_(s, wl).add_(c).floor_()
             e.mul_(fh).addcmul_(s, wh).add_(l_, alpha=scale)
             torch.floor(e, out=tap[p])  # the interior (and garbage at the pads)
+    if finish is not None:
+        finish(mid)
     _transfer(mid, y, idx, into=False)
 
 
@@ -693,13 +698,18 @@ def _truncated_(z: torch.Tensor, sigmas: Sequence[float], r: int) -> None:
     z[..., r:hgt - r, r:wid - r] = _round_clip_(v)
 
 
+def _blurs(sigma: float, radius: int) -> bool:
+    """Whether the workers' rule blurs a crop that drew a blur: not for radius 0 or sigma <= 0.25."""
+    return radius > 0 and sigma > 0.25
+
+
 def _blur_groups(crops: Sequence[int], sigmas: Sequence[float], radii: Sequence[int]):
     """The workers' blur rule (module docstring) for each crop: ``{("kernel", r): [(crop,
     sigma)], ("box", r): [(crop, (r, ww, fw))], ("rounded", 0): [(crop, (0, ww, fw))]}`` (no
     entry: no blur; ``rounded``: the boxes of radius 0 that :func:`_rounds_exactly` passes)."""
     groups = {}
     for k, s, r in zip(crops, sigmas, radii):
-        if r <= 0 or s <= 0.25:
+        if not _blurs(s, r):
             continue
         if r <= 2 and 3.0 * s > r:
             groups.setdefault(("kernel", r), []).append((k, s))
@@ -713,17 +723,25 @@ def _blur_groups(crops: Sequence[int], sigmas: Sequence[float], radii: Sequence[
 
 
 def _blur_(y: torch.Tensor, crops: Sequence[int], sigmas: Sequence[float], radii: Sequence[int],
-           per: Optional[int] = None) -> None:
+           per: Optional[int] = None, finish: Optional[Callable] = None) -> None:
     """The workers' blur rule on the crops ``crops`` of ``y`` in place, in batches of one rule
-    and radius (of at most ``per`` crops)."""
+    and radius (of at most ``per`` crops); ``finish`` (in place) on each batch once blurred."""
     for (rule, r), items in sorted(_blur_groups(crops, sigmas, radii).items()):
         step = per or len(items)
         for i in range(0, len(items), step):
             part = items[i:i + step]
+            ks = [k for k, _ in part]
             if rule == "kernel":
-                _run_on(y, [k for k, _ in part], _truncated_, [v for _, v in part], r)
+                _run_on(y, ks, _truncated_, [v for _, v in part], r)
+                if finish is not None:
+                    _run_on(y, ks, _then, None, finish)
             else:
-                _box_blur_(y, [k for k, _ in part], [v for _, v in part], r, rule == "rounded")
+                _box_blur_(y, ks, [v for _, v in part], r, rule == "rounded", finish)
+
+
+def _then(z: torch.Tensor, _items, fn: Callable) -> None:
+    """``fn(z)``, in :func:`_run_on`'s calling convention."""
+    fn(z)
 
 
 def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
@@ -760,20 +778,34 @@ def _colour_(y: torch.Tensor, rows: Sequence[Sequence[float]], rounded: bool) ->
             _round_clip_(y)
 
 
-def _blur_rows_(y: torch.Tensor, rows: Sequence[Sequence[float]], per: Optional[int] = None) -> None:
-    """The blur of the crops of ``y`` that draw one (their parameter rows ``rows``).  A
-    grayscale crop's three channels are equal: its first is blurred and copied to the others."""
+def _blurred(rows: Sequence[Sequence[float]]) -> List[int]:
+    """The crops that the blur changes: those that drew one, less those the workers' rule skips."""
+    return [k for k, row in enumerate(rows) if row[P_BLUR] > 0.5 and _blurs(row[P_SIGMA], int(row[P_RADIUS]))]
+
+
+def _blur_rows_(y: torch.Tensor, rows: Sequence[Sequence[float]], per: Optional[int] = None,
+                finish: Optional[Callable] = None) -> None:
+    """The blur of the crops of ``y`` that draw one (their parameter rows ``rows``), then
+    ``finish`` (in place) on each blurred crop.  A grayscale crop's three channels are equal:
+    its first is blurred and copied to the others."""
+    blurred = _blurred(rows)
     for gray in (False, True):
-        blur = [k for k, row in enumerate(rows) if row[P_BLUR] > 0.5 and (row[P_GRAY] > 0.5) == gray]
+        blur = [k for k in blurred if (rows[k][P_GRAY] > 0.5) == gray]
         if not blur:
             continue
-        z = y[:, 0:1] if gray else y
-        _blur_(z, blur, [rows[k][P_SIGMA] for k in blur], [int(rows[k][P_RADIUS]) for k in blur], per)
-        if gray and y.device.type == "cpu":
+        if not gray:
+            _blur_(y, blur, [rows[k][P_SIGMA] for k in blur], [int(rows[k][P_RADIUS]) for k in blur], per, finish)
+            continue
+        _blur_(y[:, 0:1], blur, [rows[k][P_SIGMA] for k in blur], [int(rows[k][P_RADIUS]) for k in blur], per)
+        if y.device.type == "cpu":
             for k in blur:
                 _spread_(y[k:k + 1])
-        elif gray:
+                if finish is not None:
+                    finish(y[k:k + 1])
+        else:
             _run_on(y, blur, _spread_)
+            if finish is not None:
+                _run_on(y, blur, _then, None, finish)
 
 
 def _spread_(z: torch.Tensor, _items=None) -> None:
@@ -781,16 +813,18 @@ def _spread_(z: torch.Tensor, _items=None) -> None:
     z[:, 1:].copy_(z[:, 0:1].expand(-1, z.shape[1] - 1, -1, -1))
 
 
-def _cpu_chunks(rows: Sequence[Sequence[float]], per: int) -> List[List[int]]:
+def _cpu_chunks(rows: Sequence[Sequence[float]], per: int, blurred: Sequence[int] = ()) -> List[List[int]]:
     """The crops in groups for the CPU's colour ops: sorted by the step of their hue (then
-    grayscale), cut where that step changes or at ``per`` crops, so that at each step of the
-    jitter the group is one batch of the hue or one of brightness / contrast / saturation, and
-    the grayscale set is a run."""
+    grayscale, then whether ``blurred``), cut where that step changes or at ``per`` crops, so
+    that at each step of the jitter the group is one batch of the hue or one of brightness /
+    contrast / saturation, the grayscale set is a run, and the unblurred crops are two runs at
+    most."""
+    blurred = set(blurred)
     keys = {}
     for k, row in enumerate(rows):
         jit = row[P_JITTER] > 0.5
         order = [int(v) for v in row[P_ORDER]]
-        keys[k] = (not jit, order.index(3) if jit and 3 in order else -1, row[P_GRAY] > 0.5, k)
+        keys[k] = (not jit, order.index(3) if jit and 3 in order else -1, row[P_GRAY] > 0.5, k in blurred, k)
     chunks, last = [], None
     for k in sorted(keys, key=keys.get):
         if keys[k][:2] != last or len(chunks[-1]) >= per:
@@ -800,13 +834,16 @@ def _cpu_chunks(rows: Sequence[Sequence[float]], per: int) -> List[List[int]]:
     return chunks
 
 
-def apply_photometric(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+def apply_photometric(x: torch.Tensor, params: torch.Tensor, finish: Optional[Callable] = None) -> torch.Tensor:
     """Colour jitter (drawn order), grayscale and blur of uint8 crops ``x`` ``[n, 3, s, s]``
     with their parameter rows ``params`` ``[n, NUM_PARAMS]`` (on any device: they are read on
-    the host once); returns float32 in whole levels.  Every op on ``x``'s device is float32,
-    with autocast off.  On the CPU the colour ops go in groups of about ``_CPU_CHUNK`` values
-    that share the step of their hue (:func:`_cpu_chunks`), and the blur in batches of about as
-    many values, so that the temporaries stay in the caches; elsewhere each is one batch."""
+    the host once); returns float32 in whole levels, or what ``finish`` (a function of a float32
+    ``[m, 3, s, s]`` batch of such crops, in place, one crop's result independent of the
+    others: :meth:`DeviceAugmenter.normalize`) makes of them.  Every op on ``x``'s device is
+    float32, with autocast off.  On the CPU the colour ops go in groups of about ``_CPU_CHUNK``
+    values that share the step of their hue (:func:`_cpu_chunks`), and the blur in batches of
+    about as many values, so that the temporaries stay in the caches, and ``finish`` runs on
+    each crop's last batch, before it is written out; elsewhere each is one batch."""
     rows = params.detach().cpu().tolist()  # read on the host once: the selections cause no device syncs
     cpu = x.device.type == "cpu"
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
@@ -818,20 +855,28 @@ def apply_photometric(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
             out.copy_(x)
             _colour_(out, rows, rounded)
             _blur_rows_(out, rows)
+            if finish is not None:
+                finish(out)
             return out
         per = max(1, _CPU_CHUNK // max(1, x[0].numel()))
-        for idx in _cpu_chunks(rows, per):
+        blurred = set(_blurred(rows))
+        for idx in _cpu_chunks(rows, per, blurred):
             sub = [rows[k] for k in idx]
+            done = [j for j, k in enumerate(idx) if k not in blurred]  # their last op: finish now
             a, b = idx[0], idx[-1] + 1
             if idx == list(range(a, b)):
                 y = out[a:b]
                 y.copy_(x[a:b])
                 _colour_(y, sub, rounded)
+                if finish is not None:
+                    _run_on(y, done, _then, None, finish)
                 continue
             y = _gather(None, x, idx)
             _colour_(y, sub, rounded)
+            if finish is not None:
+                _run_on(y, done, _then, None, finish)
             _scatter(out, idx, y)
-        _blur_rows_(out, rows, max(1, _CPU_BLUR_CHUNK // max(1, x[0].numel())))
+        _blur_rows_(out, rows, max(1, _CPU_BLUR_CHUNK // max(1, x[0].numel())), finish)
     return out
 
 
@@ -873,6 +918,10 @@ class DeviceAugmenter:
         offset, inv = self._consts(y.device)
         return y.sub_(offset).mul_(inv)
 
+    def _normalize_(self, y: torch.Tensor) -> None:
+        """float32 levels -> normalised, in place (``apply_photometric``'s ``finish``)."""
+        self.normalize(y, inplace=True)
+
     def __call__(self, crops: Sequence[torch.Tensor], params: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
         """``crops``: one uint8 tensor ``[N, 3, s, s]`` per crop position; ``params``
         ``[positions, N, NUM_PARAMS]`` (photometric).  Positions of equal size are processed
@@ -888,7 +937,7 @@ class DeviceAugmenter:
         for ks in by_size.values():
             x = torch.cat([crops[k] for k in ks]) if len(ks) > 1 else crops[ks[0]]
             p = torch.cat([params[k] for k in ks]) if len(ks) > 1 else params[ks[0]]
-            y = self.normalize(apply_photometric(x, p), inplace=True)
+            y = apply_photometric(x, p, finish=self._normalize_)
             for k, part in zip(ks, y.split([crops[k].shape[0] for k in ks])):
                 out[k] = part
         return out
