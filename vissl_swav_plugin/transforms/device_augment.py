@@ -627,11 +627,13 @@ def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int, rou
     def col(v):
         return _col(v, y).view(-1, 1)
 
-    beta = col([fw * 2.0 ** -24 for _, _, fw in boxes])
-    wh = col([(ww >> k) * 2.0 ** (k - 24) for _, ww, _ in boxes])
-    fh = col([(fw >> k) * 2.0 ** (k - 24) for _, _, fw in boxes])
-    wl = col([(ww & mask) * 2.0 ** -k for _, ww, _ in boxes])
-    fl = col([(fw & mask) * 2.0 ** -k for _, _, fw in boxes])
+    if rounded:
+        beta = col([fw * 2.0 ** -24 for _, _, fw in boxes])
+    else:
+        wh = col([(ww >> k) * 2.0 ** (k - 24) for _, ww, _ in boxes])
+        fh = col([(fw >> k) * 2.0 ** (k - 24) for _, _, fw in boxes])
+        wl = col([(ww & mask) * 2.0 ** -k for _, ww, _ in boxes])
+        fl = col([(fw & mask) * 2.0 ** -k for _, _, fw in boxes])
     c, scale = _k(2.0 ** (23 - k), y), 2.0 ** (k - 24)
     buf = torch.empty((m, ch, hgt + 2 * p, wid + 2 * p), dtype=y.dtype, device=y.device)
     mid = buf[:, :, p:p + hgt, p:p + wid]
