@@ -30,9 +30,10 @@ measured by ``tests/unit/transforms/test_device_augment.py``):
 * hue: PIL's 8-bit HSV round trip (hue and saturation truncated to 8 bits, the hue shifted
   modulo 256, PIL's rounding back to RGB) in float32 integer arithmetic, every value an
   integer below 2^24 (:func:`_hue_`): PIL's saturation and its way back to RGB are exact
-  rational roundings (checked on all 2^24 inputs), its 8-bit hue is ``floor(255 hue)`` except
-  where ``255 hue`` is an integer and Pillow's float steps land one level lower (64 of the 255
-  hues, measured once with the installed Pillow); equal to PIL's on all 2^24 colours.
+  rational roundings (checked on all 2^24 inputs), its 8-bit hue, a function of ``r - g`` and
+  ``g - b``, is looked up in a table of those differences: ``floor(255 hue)`` except where
+  ``255 hue`` is an integer and Pillow's float steps land one level lower (64 of the 255 hues,
+  measured once with the installed Pillow); equal to PIL's on all 2^24 colours.
 * grayscale: ITU-R 601-2 luma, rounded: at most 1 level (PIL uses 16-bit fixed-point weights).
 * blur: the workers' rule (:func:`~vissl_swav_plugin.transforms.multicrop_ops.gaussian_blur`):
   no blur for radius 0 or sigma <= 0.25; the truncated renormalised kernel for radius <= 2
@@ -41,7 +42,10 @@ measured by ``tests/unit/transforms/test_device_augment.py``):
   else PIL's Gaussian blur, three passes of an extended box blur per axis, each rounded to 8
   bits: its fixed-point weights (from a box radius and a division PIL computes in C float,
   as here) and each pass's ``(acc + 2^23) >> 24`` reproduced exactly in float32 by splitting
-  the weights so that every partial sum is an integer below 2^24 (:func:`_box_blur_`): equal.
+  the weights so that every partial sum is an integer below 2^24 (:func:`_box_blur_`), or,
+  for a box of radius 0 (sigma below about 1.4), by a shorter pass whose float32 rounding the
+  host checks against the integers on every input that pass can see (:func:`_rounds_exactly`;
+  99.5% of such boxes, the others take the split weights): equal.
 * the output is rounded to whole levels before the normalisation, as the workers' uint8 crops are.
 
 Dtypes: every op on the crops' device is float32 (float64 runs at 1/32-1/64 of that rate on
@@ -51,7 +55,8 @@ host once, as Python numbers; the small tables (per-crop weights, the hue table)
 the host from them and go to the device as float32.  The ops are elementwise (no convolution
 or matmul, which TF32 could round).  On a CPU the colour ops run on groups of crops that share
 the step of their hue and the blur on batches of crops, each of about ``_CPU_CHUNK`` values,
-so that the temporaries stay in the caches.
+so that the temporaries stay in the caches, and each crop is normalised in its last group,
+before it is written out.
 
 Parameter layout per crop (float64, one row per crop): ``jitter`` (0/1), the factors
 ``b, c, s, h``, the op order (4 entries, a permutation of 0..3: brightness, contrast,
@@ -64,6 +69,7 @@ import math
 import struct
 from typing import Callable, List, Optional, Sequence
 
+import numpy as np
 import torch
 
 from vissl_swav_plugin.transforms.multicrop_config import DEVICE_AUGMENT_MODES
@@ -130,6 +136,12 @@ def _col(values, x: torch.Tensor) -> torch.Tensor:
     return col.to(x.device, non_blocking=True) if x.device.type != "cpu" else col
 
 
+def _shift_col(shifts: Sequence[int], x: torch.Tensor) -> torch.Tensor:
+    """Per-crop integers as an int32 ``[n, 1, 1]`` column on ``x``'s device (built on the host)."""
+    col = torch.frombuffer(array.array("i", shifts), dtype=torch.int32).view(-1, 1, 1)
+    return col.to(x.device, non_blocking=True) if x.device.type != "cpu" else col
+
+
 def _runs(idx: Sequence[int]) -> List[tuple]:
     """``idx`` (ascending) as maximal runs of consecutive crops: ``[(start, stop)]`` positions in ``idx``."""
     out, i0 = [], 0
@@ -145,9 +157,9 @@ def _index(idx: Sequence[int], device) -> torch.Tensor:
 
 
 def _per_crop(y: torch.Tensor) -> bool:
-    """Gathers and scatters of large crops on the CPU go one copy per crop (``index_copy_`` is
-    about half as fast there); small crops, or another device, one indexed op."""
-    return y.device.type == "cpu" and y[0].numel() >= 1 << 16
+    """Gathers of large crops on the CPU go one copy per crop (``index_select`` is slower there);
+    small crops, or another device, one indexed op."""
+    return y.device.type == "cpu" and y.numel() >= y.shape[0] << 16
 
 
 def _gather(dst: Optional[torch.Tensor], y: torch.Tensor, idx: Sequence[int]) -> torch.Tensor:
@@ -164,9 +176,9 @@ def _gather(dst: Optional[torch.Tensor], y: torch.Tensor, idx: Sequence[int]) ->
 
 
 def _scatter(y: torch.Tensor, idx: Sequence[int], src: torch.Tensor) -> None:
-    """``y[idx] = src``: one copy per large crop on the CPU (:func:`_per_crop`), else an index
-    scatter."""
-    if _per_crop(y):
+    """``y[idx] = src``: one copy per crop on the CPU (``index_copy_`` is slower there, for
+    crops of 96 px as of 224 px), else an index scatter."""
+    if y.device.type == "cpu":
         for j, k in enumerate(idx):
             y[k].copy_(src[j])
     else:
@@ -326,7 +338,7 @@ def _affine_(z: torch.Tensor, items: Sequence[tuple]) -> None:
 
 
 # -- hue: PIL's 8-bit HSV round trip in float32 integer arithmetic ------------------------------
-_HUE_TABLES = {}  # device -> [3, 256 * 1024] float32
+_HUE_TABLES = {}  # device -> (hue [511 * 511] int32, packed weights [511] float32)
 _HUE_TIES: List[Optional[List[int]]] = [None]
 
 
@@ -354,32 +366,42 @@ def _pil_hue_ties() -> List[int]:
     return _HUE_TIES[0]
 
 
-def _hue_table(device) -> torch.Tensor:
-    """``[3, 256 * 1024]`` float32: at ``1024 shift + u`` the weight ``w`` of each output channel
-    (``round(v (1 - S w / 65025))``, see :func:`_hue_`) for the 8-bit hue coded by
-    ``u = 512 + floor(q) + ceil(q)``, ``q = 255 hue`` in [-43, 213) (negative: the red sector's
-    wrap; ``u`` is even where ``q`` is an integer, PIL's tie, :func:`_pil_hue_ties`), shifted by
-    ``shift``.  Built once per device from integers."""
+def _hue_tables(device):
+    """``(hue, weights)`` on ``device``, built once per device from integers
+    (:func:`_make_hue_tables`): ``hue`` ``[511 * 511]`` int32, PIL's 8-bit hue of the colours
+    with ``r - g = i - 255`` and ``g - b = j - 255`` at ``511 i + j`` (a hue is a function of
+    those two differences; ties as Pillow's, :func:`_pil_hue_ties`); ``weights`` ``[511]``
+    float32, at ``k`` the weights ``w0 + 256 w1 + 65536 w2`` of the three output channels
+    (``round(v (1 - S w / 65025))``, see :func:`_hue_`) for the hue ``k mod 256`` (an 8-bit hue
+    plus a shift 0..255): two gathers per pixel."""
     t = _HUE_TABLES.get(device)
     if t is None:
         with torch.inference_mode(False):
-            t = _HUE_TABLES[device] = _make_hue_table().to(device=device, dtype=torch.float32)
+            hue, w = _make_hue_tables()
+            t = _HUE_TABLES[device] = (hue.to(device=device, dtype=torch.int32),
+                                       w.to(device=device, dtype=torch.float32))
     return t
 
 
-def _make_hue_table() -> torch.Tensor:
-    """The table of :func:`_hue_table`, in integers on the host."""
+def _make_hue_tables():
+    """The tables of :func:`_hue_tables`, in integers on the host."""
     bad = torch.tensor(_pil_hue_ties(), dtype=torch.long)
-    u = torch.arange(1024) - 512
-    kf = torch.div(u, 2, rounding_mode="floor")  # floor(q); u odd: q not an integer
-    h0 = torch.where(kf >= 0, kf, kf + 255).clamp(0, 255)
-    h = torch.where(u % 2 == 0, h0 - bad[h0], h0)
-    hue = (h[None, :] + torch.arange(256)[:, None]) & 255  # [shift, u]
+    d = torch.arange(-255, 256)
+    r, g = d[:, None] + d[None, :], d[None, :].expand(511, 511)  # b = 0: only differences count
+    b = torch.zeros_like(r)
+    mx = torch.maximum(torch.maximum(r, g), b)
+    cr = mx - torch.minimum(torch.minimum(r, g), b)
+    # PIL's rgb2hsv: the hue's numerator over 6 cr, red tested first, then green
+    num = torch.where(r == mx, g - b, torch.where(g == mx, 2 * cr + b - r, 4 * cr + r - g))
+    den = 6 * cr.clamp(min=1)
+    q = torch.div(255 * num, den, rounding_mode="floor")  # floor(255 hue), in [-43, 213)
+    h0 = torch.where(q >= 0, q, q + 255).clamp(0, 255)
+    hue = torch.where((255 * num) % den == 0, h0 - bad[h0], h0)  # a tie: Pillow's float steps
     # PIL's hsv2rgb: channel c is v, p, q or t; with K = (6 H + 255 n_c) mod 1530 (n = 5, 3, 1)
     # its weight is min(K, 1020 - K) clipped to [0, 255] (255: p, n: q, 255 - n: t, 0: v)
-    k = (6 * hue[None] + 255 * torch.tensor([5, 3, 1])[:, None, None]) % 1530
+    k = (6 * (torch.arange(511) & 255)[None] + 255 * torch.tensor([5, 3, 1])[:, None]) % 1530
     w = torch.minimum(k, 1020 - k).clamp(0, 255)
-    return w.reshape(3, -1)
+    return hue.reshape(-1), w[0] + 256 * w[1] + 65536 * w[2]
 
 
 def _hue_(z: torch.Tensor, shifts: Sequence[int], rounded: bool = False) -> None:
@@ -387,50 +409,41 @@ def _hue_(z: torch.Tensor, shifts: Sequence[int], rounded: bool = False) -> None
     crop; ``rounded``: ``z`` holds whole levels already).
 
     Every value is an integer below 2^24, so each float32 step is exact (a division is
-    correctly rounded, and a quotient that is not an integer lies at least 1/510 (hue) or
-    1/65025 (output) from one):
+    correctly rounded, and a quotient that is not an integer lies at least 1/65025 from one):
 
+    * the 8-bit hue from the table of the differences ``r - g``, ``g - b`` (:func:`_hue_tables`),
+      plus the crop's shift: the index of each channel's weight ``w``;
     * ``v = max``, ``cr = max - min``, ``S = floor(255 cr / v)`` (PIL's, checked on all 2^24
-      colours); the hue numerator over ``6 cr``: ``g - b`` (red max, may be negative),
-      ``2 cr + b - r`` (green), ``4 cr + r - g`` (blue), selected by exact 0/1 lerps;
-      ``q = 255 num / (6 cr)`` and ``floor(q) + ceil(q)`` (odd unless ``q`` is an integer);
-    * the table (:func:`_hue_table`) maps (shift, that code) to each channel's weight ``w``;
+      colours);
     * ``out = floor((65025 v + 32512 - v S w) / 65025)`` = ``round(v (1 - S w / 65025))``, PIL's
-      ``hsv2rgb`` (checked on all 2^24 HSV triples).
+      ``hsv2rgb`` (checked on all 2^24 HSV triples); the division is a product with the float32
+      ``1 / 65025``, whose floor equals the quotient's for every integer below 2^24.
     """
     m, _, hgt, wid = z.shape
-    tab = _hue_table(z.device)
+    hue_tab, w_tab = _hue_tables(z.device)
     if not rounded:
         _round_clip_(z)  # the workers' crop is uint8 before the round trip
     r, g, b = z.unbind(1)
+    idx = g - b  # + 511 (r - g) + 511 * 255 + 255: integers, exact
+    idx.add_(r, alpha=511.0).add_(g, alpha=-511.0).add_(_k(511.0 * 255 + 255, z))
+    hue = torch.index_select(hue_tab, 0, idx.view(-1).int())
+    hue = hue.view(m, hgt, wid).add_(_shift_col(shifts, z)).view(-1)
+    packed = torch.index_select(w_tab, 0, hue).view(m, hgt, wid)  # w0 + 256 w1 + 65536 w2: one gather
+    w = torch.empty((3, m, hgt, wid), dtype=z.dtype, device=z.device)  # unpacked, exactly (powers of 2)
+    q = packed.mul(_k(1.0 / 256.0, z)).floor_()
+    torch.addcmul(packed, q, _k(-256.0, z), out=w[0])
+    torch.mul(q, _k(1.0 / 256.0, z), out=w[2]).floor_()
+    torch.addcmul(q, w[2], _k(-256.0, z), out=w[1])
     mx = torch.maximum(r, g)
     torch.maximum(mx, b, out=mx)
     cr = torch.minimum(r, g)
     torch.minimum(cr, b, out=cr)
     torch.sub(mx, cr, out=cr)
-    num = g - b  # red max
-    gm = b - r
-    gm.add_(cr, alpha=2.0)  # green max
-    bm = r - g
-    bm.add_(cr, alpha=4.0)  # blue max
-    d = mx - g
-    gm.lerp_(bm, d.clamp_(max=1.0))  # d = 0 where green is the max
-    torch.sub(mx, r, out=d)
-    num.lerp_(gm, d.clamp_(max=1.0))  # red first, as PIL tests it first
-    torch.clamp(cr, min=1.0, out=bm)
-    num.mul_(_k(42.5, z)).div_(bm)  # q = 255 num / (6 cr)
-    code = torch.floor(num)
-    code.add_(num.ceil_()).add_(_col([512.0 + 1024.0 * s for s in shifts], z).view(-1, 1, 1))
-    ii = code.view(-1).int()
-    w = torch.empty((3, m, hgt, wid), dtype=z.dtype, device=z.device)
-    for c in range(3):  # three 1-D gathers (faster on the CPU than one over a [3, T] table)
-        torch.index_select(tab[c], 0, ii, out=w[c].view(-1))
-    sat = cr.mul_(_k(255.0, z)).div_(torch.clamp(mx, min=1.0, out=bm)).floor_()
-    a = mx * _k(65025.0, z)
-    a.add_(_k(32512.0, z))
+    sat = cr.mul_(_k(255.0, z)).div_(torch.clamp(mx, min=1.0, out=idx)).floor_()  # idx: free again
+    a = torch.add(_k(32512.0, z), mx, alpha=65025.0)
     vs = mx.mul_(sat)
     torch.addcmul(a, vs, w, value=-1.0, out=z.transpose(0, 1))
-    z.div_(_k(65025.0, z)).floor_()
+    z.mul_(_k(1.0 / 65025.0, z)).floor_()  # floor(N / 65025), exact for every integer N < 2^24
 
 
 def _gray_(z: torch.Tensor, _items=None) -> None:
@@ -502,7 +515,28 @@ def _box_weights(radius_f: float):
     return r, ww, fw
 
 
-def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int) -> None:
+def _rounds_exactly(boxes: Sequence) -> List[bool]:
+    """For boxes of integer radius 0 (``(0, ww, fw)``): whether PIL's pass equals ``S +
+    round(fw / 2^24 D)`` with ``D = E - 2 S``, the product in float32 and rounded half to even,
+    for every ``D`` in [-510, 510] and ``S`` in [0, 255], checked exhaustively on the host.
+
+    With ``ww + 2 fw + e = 2^24`` (``e`` = 0 or 1, the parity of ``ww``) the pass is
+    ``floor((ww S + fw E + 2^23) / 2^24) = S + floor((fw D - e S + 2^23) / 2^24)``; the float32
+    steps are those of the device (the product correctly rounded, then rounded to an integer;
+    numpy's float32 on the host rounds alike), so where they agree with the integers for every
+    ``D``, and ``e S`` changes no floor, the device's pass is PIL's bit for bit (99.5% of the
+    sigmas of a radius-0 box)."""
+    d = np.arange(-510, 511)
+    fw = np.array([f for _, _, f in boxes], dtype=np.int64)[:, None]
+    odd = np.array([w & 1 for _, w, _ in boxes], dtype=bool)[:, None]
+    n = fw * d + (1 << 23)
+    fast = np.rint((fw.astype(np.float32) * np.float32(2.0 ** -24)) * d.astype(np.float32))  # as the device
+    ok = (fast.astype(np.int64) == n >> 24) & (~odd | ((n & ((1 << 24) - 1)) >= 255))
+    return ok.all(axis=1).tolist()
+
+
+def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int, rounded: bool = False,
+               finish: Optional[Callable] = None) -> None:
     """PIL's ``GaussianBlur`` of the crops ``idx`` of ``y`` (whole levels) in place, all of
     integer box radius ``r`` (``boxes``: their ``(r, ww, fw)``): three horizontal, then three
     vertical passes of PIL's extended box blur, edges replicated, each ``floor((ww S + fw E +
@@ -517,7 +551,11 @@ def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int) -> 
     The crops are copied once into a buffer padded by ``r + 1`` on all sides, seen as one flat
     row per crop, so that every tap of either axis is a contiguous slice (a pass also computes
     garbage at the pad positions, which the edge copies overwrite before a pass reads them),
-    and each pass writes its result into the buffer in place."""
+    and each pass writes its result into the buffer in place.
+
+    ``rounded`` (radius 0, every box passing :func:`_rounds_exactly`): each pass is ``S +
+    round(fw / 2^24 (E - 2 S))`` instead, five ops instead of nine.  ``finish`` (in place) is
+    applied to the blurred crops in the buffer, before they are copied back."""
     m, ch, hgt, wid = len(idx), y.shape[1], y.shape[2], y.shape[3]
     p = r + 1
     k = 23 - (255 * (2 * r + 3) - 1).bit_length()  # lo = wl S + fl E < 2^23
@@ -528,10 +566,13 @@ def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int) -> 
     def col(v):
         return _col(v, y).view(-1, 1)
 
-    wh = col([(ww >> k) * 2.0 ** (k - 24) for _, ww, _ in boxes])
-    fh = col([(fw >> k) * 2.0 ** (k - 24) for _, _, fw in boxes])
-    wl = col([(ww & mask) * 2.0 ** -k for _, ww, _ in boxes])
-    fl = col([(fw & mask) * 2.0 ** -k for _, _, fw in boxes])
+    if rounded:
+        beta = col([fw * 2.0 ** -24 for _, _, fw in boxes])
+    else:
+        wh = col([(ww >> k) * 2.0 ** (k - 24) for _, ww, _ in boxes])
+        fh = col([(fw >> k) * 2.0 ** (k - 24) for _, _, fw in boxes])
+        wl = col([(ww & mask) * 2.0 ** -k for _, ww, _ in boxes])
+        fl = col([(fw & mask) * 2.0 ** -k for _, _, fw in boxes])
     c, scale = _k(2.0 ** (23 - k), y), 2.0 ** (k - 24)
     buf = torch.empty((m, ch, hgt + 2 * p, wid + 2 * p), dtype=y.dtype, device=y.device)
     mid = buf[:, :, p:p + hgt, p:p + wid]
@@ -550,6 +591,10 @@ def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int) -> 
             lead.copy_(first)  # edges replicated (PIL's extended edges)
             tail.copy_(last)
             torch.add(tap[0], tap[2 * p], out=e)
+            if rounded:  # S + round(beta (E - 2 S)): the interior (and garbage at the pads)
+                e.add_(tap[1], alpha=-2.0).mul_(beta).round_()
+                tap[1].add_(e)
+                continue
             s = tap[1]
             if r:
                 s = torch.add(tap[1], tap[2], out=i_)
@@ -559,6 +604,8 @@ def _box_blur_(y: torch.Tensor, idx: Sequence[int], boxes: Sequence, r: int) -> 
             l_.addcmul_(s, wl).add_(c).floor_()
             e.mul_(fh).addcmul_(s, wh).add_(l_, alpha=scale)
             torch.floor(e, out=tap[p])  # the interior (and garbage at the pads)
+    if finish is not None:
+        finish(mid)
     _transfer(mid, y, idx, into=False)
 
 
@@ -592,33 +639,50 @@ def _truncated_(z: torch.Tensor, sigmas: Sequence[float], r: int) -> None:
     z[..., r:hgt - r, r:wid - r] = _round_clip_(v)
 
 
+def _blurs(sigma: float, radius: int) -> bool:
+    """Whether the workers' rule blurs a crop that drew a blur: not for radius 0 or sigma <= 0.25."""
+    return radius > 0 and sigma > 0.25
+
+
 def _blur_groups(crops: Sequence[int], sigmas: Sequence[float], radii: Sequence[int]):
     """The workers' blur rule (module docstring) for each crop: ``{("kernel", r): [(crop,
-    sigma)], ("box", r): [(crop, (r, ww, fw))]}`` (no entry: no blur)."""
+    sigma)], ("box", r): [(crop, (r, ww, fw))], ("rounded", 0): [(crop, (0, ww, fw))]}`` (no
+    entry: no blur; ``rounded``: the boxes of radius 0 that :func:`_rounds_exactly` passes)."""
     groups = {}
     for k, s, r in zip(crops, sigmas, radii):
-        if r <= 0 or s <= 0.25:
+        if not _blurs(s, r):
             continue
         if r <= 2 and 3.0 * s > r:
             groups.setdefault(("kernel", r), []).append((k, s))
         else:
             box = _box_weights(_pil_box_radius(s))
             groups.setdefault(("box", box[0]), []).append((k, box))
+    zero = groups.pop(("box", 0), [])
+    for item, ok in zip(zero, _rounds_exactly([b for _, b in zero]) if zero else []):
+        groups.setdefault(("rounded" if ok else "box", 0), []).append(item)
     return groups
 
 
 def _blur_(y: torch.Tensor, crops: Sequence[int], sigmas: Sequence[float], radii: Sequence[int],
-           per: Optional[int] = None) -> None:
+           per: Optional[int] = None, finish: Optional[Callable] = None) -> None:
     """The workers' blur rule on the crops ``crops`` of ``y`` in place, in batches of one rule
-    and radius (of at most ``per`` crops)."""
+    and radius (of at most ``per`` crops); ``finish`` (in place) on each batch once blurred."""
     for (rule, r), items in sorted(_blur_groups(crops, sigmas, radii).items()):
         step = per or len(items)
         for i in range(0, len(items), step):
             part = items[i:i + step]
+            ks = [k for k, _ in part]
             if rule == "kernel":
-                _run_on(y, [k for k, _ in part], _truncated_, [v for _, v in part], r)
+                _run_on(y, ks, _truncated_, [v for _, v in part], r)
+                if finish is not None:
+                    _run_on(y, ks, _then, None, finish)
             else:
-                _box_blur_(y, [k for k, _ in part], [v for _, v in part], r)
+                _box_blur_(y, ks, [v for _, v in part], r, rule == "rounded", finish)
+
+
+def _then(z: torch.Tensor, _items, fn: Callable) -> None:
+    """``fn(z)``, in :func:`_run_on`'s calling convention."""
+    fn(z)
 
 
 # -- the whole device side ----------------------------------------------------------------------
@@ -644,20 +708,34 @@ def _colour_(y: torch.Tensor, rows: Sequence[Sequence[float]], rounded: bool) ->
             _round_clip_(y)
 
 
-def _blur_rows_(y: torch.Tensor, rows: Sequence[Sequence[float]], per: Optional[int] = None) -> None:
-    """The blur of the crops of ``y`` that draw one (their parameter rows ``rows``).  A
-    grayscale crop's three channels are equal: its first is blurred and copied to the others."""
+def _blurred(rows: Sequence[Sequence[float]]) -> List[int]:
+    """The crops that the blur changes: those that drew one, less those the workers' rule skips."""
+    return [k for k, row in enumerate(rows) if row[P_BLUR] > 0.5 and _blurs(row[P_SIGMA], int(row[P_RADIUS]))]
+
+
+def _blur_rows_(y: torch.Tensor, rows: Sequence[Sequence[float]], per: Optional[int] = None,
+                finish: Optional[Callable] = None) -> None:
+    """The blur of the crops of ``y`` that draw one (their parameter rows ``rows``), then
+    ``finish`` (in place) on each blurred crop.  A grayscale crop's three channels are equal:
+    its first is blurred and copied to the others."""
+    blurred = _blurred(rows)
     for gray in (False, True):
-        blur = [k for k, row in enumerate(rows) if row[P_BLUR] > 0.5 and (row[P_GRAY] > 0.5) == gray]
+        blur = [k for k in blurred if (rows[k][P_GRAY] > 0.5) == gray]
         if not blur:
             continue
-        z = y[:, 0:1] if gray else y
-        _blur_(z, blur, [rows[k][P_SIGMA] for k in blur], [int(rows[k][P_RADIUS]) for k in blur], per)
-        if gray and y.device.type == "cpu":
+        if not gray:
+            _blur_(y, blur, [rows[k][P_SIGMA] for k in blur], [int(rows[k][P_RADIUS]) for k in blur], per, finish)
+            continue
+        _blur_(y[:, 0:1], blur, [rows[k][P_SIGMA] for k in blur], [int(rows[k][P_RADIUS]) for k in blur], per)
+        if y.device.type == "cpu":
             for k in blur:
                 _spread_(y[k:k + 1])
-        elif gray:
+                if finish is not None:
+                    finish(y[k:k + 1])
+        else:
             _run_on(y, blur, _spread_)
+            if finish is not None:
+                _run_on(y, blur, _then, None, finish)
 
 
 def _spread_(z: torch.Tensor, _items=None) -> None:
@@ -665,16 +743,18 @@ def _spread_(z: torch.Tensor, _items=None) -> None:
     z[:, 1:].copy_(z[:, 0:1].expand(-1, z.shape[1] - 1, -1, -1))
 
 
-def _cpu_chunks(rows: Sequence[Sequence[float]], per: int) -> List[List[int]]:
+def _cpu_chunks(rows: Sequence[Sequence[float]], per: int, blurred: Sequence[int] = ()) -> List[List[int]]:
     """The crops in groups for the CPU's colour ops: sorted by the step of their hue (then
-    grayscale), cut where that step changes or at ``per`` crops, so that at each step of the
-    jitter the group is one batch of the hue or one of brightness / contrast / saturation, and
-    the grayscale set is a run."""
+    grayscale, then whether ``blurred``), cut where that step changes or at ``per`` crops, so
+    that at each step of the jitter the group is one batch of the hue or one of brightness /
+    contrast / saturation, the grayscale set is a run, and the unblurred crops are two runs at
+    most."""
+    blurred = set(blurred)
     keys = {}
     for k, row in enumerate(rows):
         jit = row[P_JITTER] > 0.5
         order = [int(v) for v in row[P_ORDER]]
-        keys[k] = (not jit, order.index(3) if jit and 3 in order else -1, row[P_GRAY] > 0.5, k)
+        keys[k] = (not jit, order.index(3) if jit and 3 in order else -1, row[P_GRAY] > 0.5, k in blurred, k)
     chunks, last = [], None
     for k in sorted(keys, key=keys.get):
         if keys[k][:2] != last or len(chunks[-1]) >= per:
@@ -684,13 +764,16 @@ def _cpu_chunks(rows: Sequence[Sequence[float]], per: int) -> List[List[int]]:
     return chunks
 
 
-def apply_photometric(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+def apply_photometric(x: torch.Tensor, params: torch.Tensor, finish: Optional[Callable] = None) -> torch.Tensor:
     """Colour jitter (drawn order), grayscale and blur of uint8 crops ``x`` ``[n, 3, s, s]``
     with their parameter rows ``params`` ``[n, NUM_PARAMS]`` (on any device: they are read on
-    the host once); returns float32 in whole levels.  Every op on ``x``'s device is float32,
-    with autocast off.  On the CPU the colour ops go in groups of about ``_CPU_CHUNK`` values
-    that share the step of their hue (:func:`_cpu_chunks`), and the blur in batches of about as
-    many values, so that the temporaries stay in the caches; elsewhere each is one batch."""
+    the host once); returns float32 in whole levels, or what ``finish`` (a function of a float32
+    ``[m, 3, s, s]`` batch of such crops, in place, one crop's result independent of the
+    others: :meth:`DeviceAugmenter.normalize`) makes of them.  Every op on ``x``'s device is
+    float32, with autocast off.  On the CPU the colour ops go in groups of about ``_CPU_CHUNK``
+    values that share the step of their hue (:func:`_cpu_chunks`), and the blur in batches of
+    about as many values, so that the temporaries stay in the caches, and ``finish`` runs on
+    each crop's last batch, before it is written out; elsewhere each is one batch."""
     rows = params.detach().cpu().tolist()  # read on the host once: the selections cause no device syncs
     cpu = x.device.type == "cpu"
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
@@ -702,20 +785,28 @@ def apply_photometric(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
             out.copy_(x)
             _colour_(out, rows, rounded)
             _blur_rows_(out, rows)
+            if finish is not None:
+                finish(out)
             return out
         per = max(1, _CPU_CHUNK // max(1, x[0].numel()))
-        for idx in _cpu_chunks(rows, per):
+        blurred = set(_blurred(rows))
+        for idx in _cpu_chunks(rows, per, blurred):
             sub = [rows[k] for k in idx]
+            done = [j for j, k in enumerate(idx) if k not in blurred]  # their last op: finish now
             a, b = idx[0], idx[-1] + 1
             if idx == list(range(a, b)):
                 y = out[a:b]
                 y.copy_(x[a:b])
                 _colour_(y, sub, rounded)
+                if finish is not None:
+                    _run_on(y, done, _then, None, finish)
                 continue
             y = _gather(None, x, idx)
             _colour_(y, sub, rounded)
+            if finish is not None:
+                _run_on(y, done, _then, None, finish)
             _scatter(out, idx, y)
-        _blur_rows_(out, rows, max(1, _CPU_BLUR_CHUNK // max(1, x[0].numel())))
+        _blur_rows_(out, rows, max(1, _CPU_BLUR_CHUNK // max(1, x[0].numel())), finish)
     return out
 
 
@@ -757,6 +848,10 @@ class DeviceAugmenter:
         offset, inv = self._consts(y.device)
         return y.sub_(offset).mul_(inv)
 
+    def _normalize_(self, y: torch.Tensor) -> None:
+        """float32 levels -> normalised, in place (``apply_photometric``'s ``finish``)."""
+        self.normalize(y, inplace=True)
+
     def __call__(self, crops: Sequence[torch.Tensor], params: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
         """``crops``: one uint8 tensor ``[N, 3, s, s]`` per crop position; ``params``
         ``[positions, N, NUM_PARAMS]`` (photometric).  Positions of equal size are processed
@@ -772,7 +867,7 @@ class DeviceAugmenter:
         for ks in by_size.values():
             x = torch.cat([crops[k] for k in ks]) if len(ks) > 1 else crops[ks[0]]
             p = torch.cat([params[k] for k in ks]) if len(ks) > 1 else params[ks[0]]
-            y = self.normalize(apply_photometric(x, p), inplace=True)
+            y = apply_photometric(x, p, finish=self._normalize_)
             for k, part in zip(ks, y.split([crops[k].shape[0] for k in ks])):
                 out[k] = part
         return out
