@@ -5,8 +5,8 @@
 * mid-epoch kill + AUTO_RESUME continues exactly like an uninterrupted run, queue included;
 * a process killed while VISSL's CheckpointWriter writes leaves the previous checkpoint
   loadable (plugin's atomic writes; VISSL's own writer does not, shown as a control);
-* a non-finite loss stops the run with a clear message and saves the inputs (a run in the test
-  process, world size 1).
+* a non-finite loss stops the run with a clear message and saves the inputs (runs in the test
+  process, world size 1), and in a 2-process run every rank stops and the launcher ends non-zero.
 
 Truth: an uninterrupted run with the same seed (second process), the checkpoint files,
 and VISSL's own resume logic (``get_resume_checkpoint`` + ``CheckpointLoader``)."""
@@ -415,4 +415,22 @@ def test_nonfinite_loss_stops_the_run_and_saves_inputs(tmp_path, monkeypatch, ca
     ups = [r for r in read_trace(trace, 0) if r["event"] == "update"] if p.exists() else []
     assert all(math.isfinite(u["loss"]) for u in ups), ups
     assert all(u["iteration"] < saved["iteration"] for u in ups)
+    assert not list(ck.glob("model_*.torch")), sorted(p.name for p in ck.iterdir())
+
+
+def test_nonfinite_loss_on_two_ranks_stops_every_process(tmp_path):
+    """Through VISSL's stock launcher with 2 gloo processes: each rank raises where its loss
+    goes non-finite (the temperature overflows float32 at the first step on both), saves its own
+    inputs, and the launcher ends non-zero instead of leaving a rank waiting in a collective."""
+    data = folder_data_overrides(make_image_folder(tmp_path / "images", per_class=16))
+    ck = tmp_path / "ckpt"
+    proc = run_launcher(SMALL + data + ["config.LOSS.swav_plugin_loss.temperature=1e-40",
+                                        "config.OPTIMIZER.num_epochs=2", f"config.CHECKPOINT.DIR={ck}"],
+                        cwd=tmp_path, check=False)
+    out = proc.stdout
+    assert proc.returncode != 0, out[-3000:]
+    assert "NonFiniteLossError" in out and "non-finite loss" in out, out[-3000:]
+    dumps = {rank: sorted(ck.glob(f"nonfinite_rank{rank}_iter*_head0.pth")) for rank in (0, 1)}
+    assert dumps[0] and dumps[1], sorted(p.name for p in ck.iterdir())
+    assert any(str(d) in out for d in dumps[0] + dumps[1]), "the message names the saved file"
     assert not list(ck.glob("model_*.torch")), sorted(p.name for p in ck.iterdir())
