@@ -129,16 +129,14 @@ def _host(v) -> list:
     return [float(a) for a in v]
 
 
-def _col(values, x: torch.Tensor) -> torch.Tensor:
-    """Per-crop numbers as a float32 ``[n, 1, 1, 1]`` column on ``x``'s device (built on the host)."""
+_COL_DTYPES = {"f": torch.float32, "i": torch.int32}  # array typecode -> tensor dtype
+
+
+def _col(values, x: torch.Tensor, typecode: str = "f") -> torch.Tensor:
+    """Per-crop numbers as a ``[n, 1, 1, 1]`` column on ``x``'s device (built on the host):
+    float32, or int32 with ``typecode="i"`` (``values`` then integers)."""
     vals = _host(values) if torch.is_tensor(values) else values
-    col = torch.frombuffer(array.array("f", vals), dtype=torch.float32).view(-1, 1, 1, 1)
-    return col.to(x.device, non_blocking=True) if x.device.type != "cpu" else col
-
-
-def _shift_col(shifts: Sequence[int], x: torch.Tensor) -> torch.Tensor:
-    """Per-crop integers as an int32 ``[n, 1, 1]`` column on ``x``'s device (built on the host)."""
-    col = torch.frombuffer(array.array("i", shifts), dtype=torch.int32).view(-1, 1, 1)
+    col = torch.frombuffer(array.array(typecode, vals), dtype=_COL_DTYPES[typecode]).view(-1, 1, 1, 1)
     return col.to(x.device, non_blocking=True) if x.device.type != "cpu" else col
 
 
@@ -427,7 +425,7 @@ def _hue_(z: torch.Tensor, shifts: Sequence[int], rounded: bool = False) -> None
     idx = g - b  # + 511 (r - g) + 511 * 255 + 255: integers, exact
     idx.add_(r, alpha=511.0).add_(g, alpha=-511.0).add_(_k(511.0 * 255 + 255, z))
     hue = torch.index_select(hue_tab, 0, idx.view(-1).int())
-    hue = hue.view(m, hgt, wid).add_(_shift_col(shifts, z)).view(-1)
+    hue = hue.view(m, hgt, wid).add_(_col(shifts, z, "i").view(-1, 1, 1)).view(-1)
     packed = torch.index_select(w_tab, 0, hue).view(m, hgt, wid)  # w0 + 256 w1 + 65536 w2: one gather
     w = torch.empty((3, m, hgt, wid), dtype=z.dtype, device=z.device)  # unpacked, exactly (powers of 2)
     q = packed.mul(_k(1.0 / 256.0, z)).floor_()
